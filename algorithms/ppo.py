@@ -1,0 +1,186 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, https://arxiv.org/abs/1707.06347).
+
+Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper where they differ:
+- advantages normalised per minibatch; value loss is plain MSE (no 0.5), optionally clipped
+  around the old value as in OpenAI baselines;
+- global gradient-norm clipping and Adam with eps=1e-5;
+- learning rate and clip range may be linear schedules (`lin_1e-3`, RL Baselines3 Zoo);
+- a truncated episode is bootstrapped with V(final_obs) (the trainer folds it into the reward);
+- every epoch and minibatch of one rollout runs inside *one* compiled graph call (see
+  `PPOUpdate`): the permutation is drawn on the host and passed in as indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from rlstack import registry
+from rlstack.buffers import RolloutBatch
+from rlstack.config import Config, ConfigError, TrainConfig
+from rlstack.network import Network, NetSpec, PolicyKind
+from rlstack.schedules import parse_schedule
+
+MAX_UNROLL = 32
+"""Most minibatch updates unrolled into one compiled graph call."""
+
+
+@dataclass
+class PPOConfig(TrainConfig):
+    n_steps: int = 2048
+    """Steps per env per rollout (rollout size = n_steps * env.n_envs)."""
+    batch_size: int = 64
+    """Minibatch size; must divide the rollout size."""
+    n_epochs: int = 10
+    """Passes over each rollout."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda (bias/variance trade-off of the advantage)."""
+    lr: str = "3e-4"
+    """Adam learning rate: a number, or `lin_X` for a linear decay from X to 0."""
+    clip_range: str = "0.2"
+    """Surrogate clipping epsilon: a number or `lin_X`."""
+    clip_range_vf: float | None = None
+    """Clip the value prediction to old_value +- this (None: no value clipping)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clipping threshold."""
+    normalize_advantage: bool = True
+    """Normalise advantages to zero mean and unit std within each minibatch."""
+
+    def validate(self, cfg: Config) -> None:
+        rollout = self.n_steps * cfg.env.n_envs
+        if self.batch_size < 2 or rollout % self.batch_size:
+            raise ConfigError(f"'train.batch_size' ({self.batch_size}) must be >= 2 and divide the rollout "
+                              f"size train.n_steps * env.n_envs = {rollout}")
+        for key in ("lr", "clip_range"):
+            try:
+                parse_schedule(getattr(self, key), f"train.{key}")
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+
+
+class PPOLoss(nn.Cell):
+    """Clipped-surrogate loss of one minibatch; returns (loss, diagnostics)."""
+
+    def __init__(self, network: Network, cfg: PPOConfig):
+        super().__init__()
+        self.network = network
+        self.vf_coef = cfg.vf_coef
+        self.ent_coef = cfg.ent_coef
+        self.normalize_advantage = cfg.normalize_advantage
+        self.clip_vf = cfg.clip_range_vf is not None
+        self.clip_range_vf = cfg.clip_range_vf if cfg.clip_range_vf is not None else 0.0
+
+    def construct(self, obs, action, old_logp, adv, ret, old_value, clip_range):
+        logp, entropy, value = self.network.evaluate(obs, action)  # [B] each
+        if self.normalize_advantage:
+            centred = adv - adv.mean()
+            # unbiased std, as torch.std in SB3
+            adv = centred / (ops.sqrt((centred * centred).sum() / (adv.shape[0] - 1)) + 1e-8)
+        log_ratio = logp - old_logp
+        ratio = ops.exp(log_ratio)
+        surrogate = ops.minimum(adv * ratio, adv * ops.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range))
+        policy_loss = -surrogate.mean()
+        if self.clip_vf:
+            value = old_value + ops.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
+        value_loss = ((ret - value) ** 2).mean()
+        entropy_mean = entropy.mean()
+        loss = policy_loss + self.vf_coef * value_loss - self.ent_coef * entropy_mean
+        # Schulman's low-variance KL estimator, as SB3 logs it.
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_fraction = (ops.abs(ratio - 1.0) > clip_range).astype(ms.float32).mean()
+        return loss, ops.stack((policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction))
+
+
+class PPOUpdate(nn.Cell):
+    """All epochs and minibatches of one rollout in one graph call.
+
+    Inputs are the whole rollout [R, ...] and `index` [n_epochs * n_minibatches, batch_size]
+    (a fresh permutation per epoch, drawn on the host). The loop over minibatches is unrolled
+    at compile time; each iteration gathers its rows, differentiates the loss, clips the
+    global grad norm and steps Adam. Returns the diagnostics averaged over minibatches.
+    """
+
+    def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig, n_iterations: int):
+        super().__init__()
+        self.loss = PPOLoss(network, cfg)
+        self.optimizer = optimizer
+        self.grad = ops.value_and_grad(self.loss, None, optimizer.parameters, has_aux=True)
+        self.max_grad_norm = cfg.max_grad_norm
+        self.n_iterations = n_iterations
+
+    def construct(self, obs, action, old_logp, adv, ret, old_value, index, clip_range):
+        total = ops.zeros((6,), ms.float32)
+        for i in range(self.n_iterations):
+            rows = index[i]
+            (loss, info), grads = self.grad(obs[rows], action[rows], old_logp[rows], adv[rows], ret[rows],
+                                            old_value[rows], clip_range)
+            grads = ops.clip_by_global_norm(grads, self.max_grad_norm)
+            self.optimizer(grads)
+            total = total + ops.concat((loss.reshape(1), info))
+        return total / self.n_iterations
+
+
+class PPO:
+    """PPO on the shared network module: categorical or Gaussian policy plus a value head."""
+
+    on_policy = True
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
+        self.cfg: PPOConfig = cfg.train
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.network = Network(obs_space, action_space, NetSpec(
+            hidden=tuple(cfg.net.hidden), activation=cfg.net.activation,
+            policy=PolicyKind.CATEGORICAL if discrete else PolicyKind.GAUSSIAN, value=True,
+            normalize_obs=cfg.net.normalize_obs, obs_clip=cfg.net.obs_clip,
+            log_std_init=cfg.net.log_std_init, ortho_init=cfg.net.ortho_init))
+        self.lr = parse_schedule(self.cfg.lr, "train.lr")
+        self.clip_range = parse_schedule(self.cfg.clip_range, "train.clip_range")
+        self.optimizer = nn.Adam(self.network.trainable_params(), learning_rate=Tensor(self.lr(1.0), ms.float32),
+                                 eps=1e-5)
+        self.rollout_len = self.cfg.n_steps
+        self.gamma, self.gae_lambda = self.cfg.gamma, self.cfg.gae_lambda
+        self.rollout_size = self.cfg.n_steps * cfg.env.n_envs
+        self.n_minibatches = self.rollout_size // self.cfg.batch_size
+        # One graph call per rollout where the unrolled loop stays small; otherwise a few calls
+        # of `chunk` minibatches each (compile time grows with the unrolled length).
+        total = self.cfg.n_epochs * self.n_minibatches
+        self.chunk = max(d for d in range(1, min(total, MAX_UNROLL) + 1) if total % d == 0)
+        self.update = PPOUpdate(self.network, self.optimizer, self.cfg, self.chunk)
+
+    def state_cell(self) -> nn.Cell:
+        """Everything a checkpoint must hold: network and optimizer state."""
+        return self.update
+
+    def learn(self, batch: RolloutBatch, progress_remaining: float, rng: np.random.Generator) -> dict[str, float]:
+        """One PPO update from one rollout; returns `train/...` metrics."""
+        lr, clip = self.lr(progress_remaining), self.clip_range(progress_remaining)
+        self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+        index = np.concatenate([rng.permutation(self.rollout_size).reshape(self.n_minibatches, -1)
+                                for _ in range(self.cfg.n_epochs)]).astype(np.int32)
+        rollout = (Tensor(batch.obs), Tensor(batch.action), Tensor(batch.logp), Tensor(batch.adv),
+                   Tensor(batch.ret), Tensor(batch.value))
+        clip_t = Tensor(clip, ms.float32)
+        calls = [self.update(*rollout, Tensor(index[i: i + self.chunk]), clip_t)
+                 for i in range(0, len(index), self.chunk)]
+        stats = np.mean([c.asnumpy() for c in calls], axis=0)
+        loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction = (float(x) for x in stats)
+        var_ret = float(np.var(batch.ret))
+        explained = float("nan") if var_ret == 0 else 1.0 - float(np.var(batch.ret - batch.value)) / var_ret
+        return {
+            "train/loss": loss, "train/policy_loss": policy_loss, "train/value_loss": value_loss,
+            "train/entropy": entropy, "train/approx_kl": approx_kl, "train/clip_fraction": clip_fraction,
+            "train/explained_variance": explained, "train/learning_rate": lr, "train/clip_range": clip,
+        }
+
+
+registry.register("ppo", PPOConfig, PPO)

@@ -1,0 +1,269 @@
+"""The config schema (dataclasses) and its loading: YAML values, dotted CLI overrides, validation.
+
+Every stage reads its settings from one resolved `Config`. The schema is the dataclasses below
+plus the algorithm's own `train` dataclass (found in the registry by `algo`); YAML files hold
+only values. OmegaConf does the merging and type checking; this module turns its errors into
+messages that name the key and the closest valid keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from rlstack import registry
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_cartpole.yaml"
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message says which key and what is valid."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    """Gymnasium environment id (any registered id, e.g. `Acrobot-v1`, `Pendulum-v1`)."""
+    n_envs: int = 8
+    """Number of environments stepped together in one vector env (one graph call per step)."""
+    vector: str = "sync"
+    """`sync` (one process, lowest overhead for cheap envs) or `async` (one process per env)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for `gymnasium.make`."""
+    eval_episodes: int = 10
+    """Episodes of the final deterministic evaluation (run side by side, one graph call per step)."""
+
+
+@dataclass
+class NetConfig:
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer sizes of every MLP (policy, value and Q torsos are separate MLPs)."""
+    activation: str = "tanh"
+    """`tanh`, `relu`, `elu` or `gelu`."""
+    normalize_obs: bool = False
+    """Running mean/variance observation normalisation, applied inside the graph."""
+    obs_clip: float = 10.0
+    """Normalised observations are clipped to [-obs_clip, obs_clip]."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (state-independent, PPO)."""
+    ortho_init: bool = True
+    """Orthogonal initialisation (gain sqrt(2) for hidden layers, 0.01 policy, 1 value), as SB3."""
+
+
+@dataclass
+class TrainConfig:
+    """Settings every algorithm shares; each algorithm extends this with its own fields."""
+
+    total_steps: int = 100_000
+    """Environment steps (summed over the vector env) to train for."""
+    log_every_seconds: float = 10.0
+    """Seconds between plain log lines when stdout is not a terminal."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every this many updates (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """How many checkpoints to keep on disk (older ones are removed)."""
+    progress: str = "auto"
+    """`auto` (bar on a terminal, log lines otherwise), `bar`, `log` or `off`."""
+
+
+@dataclass
+class Config:
+    algo: str = "ppo"
+    """Algorithm name in the registry (`ppo`, `dqn`, `sac`)."""
+    seed: int = 0
+    """Seeds network initialisation, noise, and the environments (env i gets seed + i)."""
+    device: str = "cpu"
+    """`cpu`, `gpu` or `ascend`."""
+    fusion: str = "auto"
+    """Graph-kernel fusion: `auto` (on for Ascend/GPU, off on CPU), `on`, `off`."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    train: Any = field(default_factory=TrainConfig)
+
+
+_CHOICES = {
+    "device": ("cpu", "gpu", "ascend"),
+    "fusion": ("auto", "on", "off"),
+    "env.vector": ("sync", "async"),
+    "net.activation": ("tanh", "relu", "elu", "gelu"),
+    "train.progress": ("auto", "bar", "log", "off"),
+}
+
+
+def _schema(algo: str) -> DictConfig:
+    try:
+        train_cls = registry.get(algo).config_cls
+    except KeyError as err:
+        raise ConfigError(str(err.args[0])) from None
+    base = OmegaConf.structured(Config)
+    base.train = OmegaConf.structured(train_cls)
+    return base
+
+
+def _valid_keys(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, DictConfig):
+        return []
+    keys = []
+    for k in node.keys():
+        full = f"{prefix}{k}"
+        keys.append(full)
+        child = node._get_node(k)
+        if isinstance(child, DictConfig) and OmegaConf.get_type(child) is not dict:
+            keys.extend(_valid_keys(child, full + "."))
+    return keys
+
+
+def _explain(err: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or ""
+    if isinstance(err, ConfigKeyError) or "not in" in str(err) or "Key '" in str(err):
+        valid = _valid_keys(schema)
+        parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        siblings = [k for k in valid if k.startswith(parent) and "." not in k[len(parent):]]
+        close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+        msg = f"{source}: unknown config key '{key}'"
+        if close:
+            msg += f"; did you mean {', '.join(repr(c) for c in close)}?"
+        msg += f" Valid keys here: {', '.join(siblings)}"
+        return ConfigError(msg)
+    if isinstance(err, ValidationError):
+        expected = OmegaConf.select(schema, key, default=None)
+        msg = f"{source}: wrong type for '{key}': {err.msg.splitlines()[0]}"
+        if expected is not None:
+            msg += f" (expected a value like {expected!r})"
+        return ConfigError(msg)
+    return ConfigError(f"{source}: {err.msg.splitlines()[0] if hasattr(err, 'msg') else err}")
+
+
+def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    dotted: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. train.total_steps=50000)")
+        key, _, raw = item.partition("=")
+        dotted[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
+    return dotted
+
+
+def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{key}' conflicts with another override of '{part}'")
+        node[parts[-1]] = value
+    return nested
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> Config:
+    """Resolve a config: schema defaults <- `base` (a saved config) or YAML file <- overrides.
+
+    Raises ConfigError naming the offending key and the close matches.
+    """
+    overrides = overrides or []
+    if base is None:
+        path = Path(path) if path is not None else DEFAULT_CONFIG
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        source = str(path)
+    else:
+        values, source = base, "saved config"
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys to values")
+    dotted = _parse_overrides(overrides)
+    algo = dotted.get("algo", values.get("algo", Config.algo))
+    schema = _schema(str(algo))
+    merged = schema
+    for what, layer in ((source, values), ("command line", _nest(dotted))):
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as err:
+            raise _explain(err, schema, what) from None
+    cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: Config) -> None:
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(OmegaConf.structured(cfg), key)
+        if value not in allowed:
+            raise ConfigError(f"'{key}' is {value!r}; valid values: {', '.join(allowed)}")
+    if cfg.env.n_envs < 1:
+        raise ConfigError(f"'env.n_envs' must be >= 1, got {cfg.env.n_envs}")
+    if cfg.train.total_steps < 1:
+        raise ConfigError(f"'train.total_steps' must be >= 1, got {cfg.train.total_steps}")
+    check = getattr(cfg.train, "validate", None)
+    if check is not None:
+        check(cfg)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The resolved config as plain data (what is saved beside checkpoints and artifacts)."""
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def config_hash(cfg: Config) -> str:
+    """sha256 of the resolved config, stable across runs (used in manifests)."""
+    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()
+
+
+def describe(algo: str = "ppo") -> str:
+    """Every key with its default and docstring, for `--help`."""
+    schema = _schema(algo)
+    lines = []
+    for key in _valid_keys(schema):
+        node = OmegaConf.select(schema, key)
+        if isinstance(node, DictConfig):
+            continue
+        lines.append(f"  {key} = {node!r}{'  # ' + _doc(algo, key) if _doc(algo, key) else ''}")
+    return "\n".join(lines)
+
+
+def _doc(algo: str, key: str) -> str:
+    classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": registry.get(algo).config_cls}
+    section, _, name = key.rpartition(".")
+    cls = classes.get(section)
+    return field_docs(cls).get(name, "") if cls else ""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under dataclass fields (read from the source, as CleanRL's tyro does)."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for prev, node in zip(body, body[1:], strict=False):
+            if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name)
+                    and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str)):
+                docs[prev.target.id] = " ".join(node.value.value.split())
+    return docs

@@ -1,0 +1,59 @@
+"""Metrics out of the trainer: TensorBoard scalars (tensorboardX), a progress bar or log lines."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+from tensorboardX import SummaryWriter
+from tqdm import tqdm
+
+
+class RunLogger:
+    """Writes namespaced scalars (`rollout/…`, `train/…`, `eval/…`, `time/…`) to `<out>/tb`
+    and shows progress: a tqdm bar on a terminal, a plain line every few seconds otherwise."""
+
+    def __init__(self, out_dir: Path, total_steps: int, start_step: int = 0, progress: str = "auto",
+                 log_every_seconds: float = 10.0):
+        self.writer = SummaryWriter(str(out_dir / "tb"))
+        if progress == "auto":
+            progress = "bar" if sys.stderr.isatty() else "log"
+        self.mode = progress
+        self.total_steps = total_steps
+        self.log_every = log_every_seconds
+        self.last_line = time.perf_counter()
+        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                        smoothing=0.1) if progress == "bar" else None
+        self.step = start_step
+        self.start = time.perf_counter()
+        self.start_step = start_step
+
+    def scalars(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                self.writer.add_scalar(key, value, step)
+
+    def progress(self, step: int, recent_return: float | None) -> None:
+        steps_per_second = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
+        ret = "n/a" if recent_return is None else f"{recent_return:.1f}"
+        if self.bar is not None:
+            self.bar.update(step - self.step)
+            self.bar.set_postfix_str(f"{steps_per_second:,.0f} steps/s  return {ret}", refresh=False)
+        elif self.mode == "log" and (time.perf_counter() - self.last_line >= self.log_every or step >= self.total_steps):
+            self.last_line = time.perf_counter()
+            print(f"step {step:>9,}/{self.total_steps:,}  {steps_per_second:8,.0f} steps/s  "
+                  f"recent return {ret}", flush=True)
+        self.step = step
+
+    def message(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        elif self.mode != "off":
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.close()

@@ -1,0 +1,65 @@
+"""MindSpore process setup: graph mode, device target and graph-kernel fusion (DESIGN contract 5)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+
+import mindspore as ms
+
+_DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+
+
+class DeviceError(RuntimeError):
+    """The configured device or fusion setting cannot be used on this machine."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: str
+    """`cpu`, `gpu` or `ascend`."""
+    fusion: bool
+    """Whether graph-kernel fusion is enabled (resolved from `auto`)."""
+
+
+def device_available(device: str) -> bool:
+    """True when this MindSpore install can run on `device` (probing never raises)."""
+    target = _DEVICE_TARGETS[device]
+    if target == "CPU":
+        return True
+    # MindSpore prints plugin-loading noise while probing; keep the console clean.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return bool(ms.hal.is_available(target))
+        except Exception:  # a failed probe means "not usable", whatever the reason
+            return False
+
+
+def resolve_fusion(device: str, fusion: str) -> bool:
+    """`auto` means on for Ascend/GPU and off on CPU; `on` on CPU is an error, not a compiler crash."""
+    if fusion == "off":
+        return False
+    if device == "cpu":
+        if fusion == "on":
+            raise DeviceError("graph-kernel fusion needs the Ascend or GPU backend; "
+                              "device is 'cpu' (use fusion: auto or off)")
+        return False
+    return True
+
+
+def configure(device: str = "cpu", fusion: str = "auto") -> Runtime:
+    """Put MindSpore in graph mode on `device`; call once per process before building networks."""
+    if device not in _DEVICE_TARGETS:
+        raise DeviceError(f"device '{device}' is unknown; valid: {', '.join(_DEVICE_TARGETS)}")
+    use_fusion = resolve_fusion(device, fusion)
+    if not device_available(device):
+        raise DeviceError(f"device '{device}' is not usable: this MindSpore {ms.__version__} install "
+                          f"has no working {_DEVICE_TARGETS[device]} backend "
+                          "(run `python -m rlstack.doctor` for details, or set device: cpu)")
+    # PyNative costs ~10x per call (DESIGN); rlstack always runs compiled graphs.
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device(_DEVICE_TARGETS[device])
+    if use_fusion:
+        ms.set_context(enable_graph_kernel=True)
+    return Runtime(device=device, fusion=use_fusion)

@@ -1,0 +1,55 @@
+"""`python -m rlstack.train`: train an agent from a YAML config plus dotted overrides."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlstack.config import DEFAULT_CONFIG, ConfigError, describe, load_config
+from rlstack.envs import EnvError
+from rlstack.runtime import DeviceError
+
+USAGE_ERRORS = (ConfigError, EnvError, DeviceError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlstack.train",
+        description="Train PPO/DQN/SAC on a gymnasium env. Overrides are dotted key=value pairs, "
+                    "e.g. `seed=3 env.id=Acrobot-v1 train.total_steps=50000`.",
+        epilog="Keys and defaults (for algo ppo; see --help-keys ALGO for another):\n" + describe("ppo"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    parser.add_argument("--config", default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
+    parser.add_argument("--out", default=None, help="run directory (default: runs/<algo>_<env>_s<seed>_<time>)")
+    parser.add_argument("--resume", metavar="RUN_DIR", default=None,
+                        help="continue the run in RUN_DIR from its latest checkpoint (overrides apply)")
+    parser.add_argument("--help-keys", metavar="ALGO", default=None, help="list every config key for ALGO")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Imported late: `--help` should not pay for loading MindSpore.
+    from rlstack.trainer import ResumeError, Trainer
+
+    try:
+        if args.help_keys:
+            print(describe(args.help_keys))
+            return 0
+        if args.resume:
+            if args.config or args.out:
+                raise ConfigError("--resume takes its config and directory from the run; drop --config/--out")
+            trainer = Trainer.resume(args.resume, args.overrides)
+        else:
+            trainer = Trainer(load_config(args.config, args.overrides), args.out)
+        print(f"run directory: {trainer.out}", flush=True)
+        trainer.train()
+    except (*USAGE_ERRORS, ResumeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
