@@ -71,6 +71,10 @@ class TrainConfig:
     """Write a checkpoint every this many updates (0: only at the end)."""
     keep_checkpoints: int = 3
     """How many checkpoints to keep on disk (older ones are removed)."""
+    export_every: int = 0
+    """Export the acting graph to `<out>/policy/v<N>` every this many updates (0: only at the end)."""
+    keep_versions: int = 0
+    """How many exported policy versions to keep (0: all; self-play draws opponents from them)."""
     progress: str = "auto"
     """`auto` (bar on a terminal, log lines otherwise), `bar`, `log` or `off`."""
 

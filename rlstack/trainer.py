@@ -22,8 +22,9 @@ import yaml
 from mindspore import Tensor
 
 from rlstack import registry
+from rlstack.artifact import export_policy
 from rlstack.buffers import RolloutBuffer, RunningMeanStd
-from rlstack.config import Config, load_config, to_dict, to_yaml
+from rlstack.config import Config, config_hash, load_config, to_dict, to_yaml
 from rlstack.envs import make_vector_env
 from rlstack.fsutil import atomic_directory, atomic_write_text
 from rlstack.logger import RunLogger
@@ -196,6 +197,22 @@ class Trainer:
         trainer.load_checkpoint(path)
         return trainer
 
+    # ----- export -----------------------------------------------------------------------------
+
+    @property
+    def policy_dir(self) -> Path:
+        return self.out / "policy"
+
+    def export(self) -> Path:
+        """Export the acting graph as the next policy version (obs statistics included)."""
+        if self.obs_rms is not None:
+            self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+        return export_policy(
+            self.network, self.policy_dir, algorithm=self.cfg.algo, obs_space=self.obs_space,
+            action_space=self.action_space, device=self.runtime.device, fusion=self.runtime.fusion,
+            config_hash=config_hash(self.cfg), keep=self.cfg.train.keep_versions,
+            extra={"env_id": self.cfg.env.id, "steps": self.counters.steps, "updates": self.counters.updates})
+
     # ----- the loop ----------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
@@ -219,6 +236,7 @@ class Trainer:
         self.counters.wall_seconds += elapsed
         self.split.other = elapsed - self.split.env - self.split.act - self.split.learn
         self.save_checkpoint()
+        version = self.export()
         returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 10_000)
         summary = {
             "eval/mean_return": float(returns.mean()), "eval/std_return": float(returns.std()),
@@ -230,6 +248,7 @@ class Trainer:
             "steps_per_second": (self.counters.steps - start_steps) / max(elapsed, 1e-9),
             "time_split_seconds": self.split.as_dict(),
             "seed": self.cfg.seed, "algo": self.cfg.algo, "env": self.cfg.env.id,
+            "policy_version": version.name,
             "config": to_dict(self.cfg),
         }
         self.log.scalars({"eval/mean_return": summary["eval/mean_return"],
@@ -289,6 +308,8 @@ class Trainer:
             split.learn += t6 - t5
             self.counters.updates += 1
             self._log_update(metrics)
+            if cfg.train.export_every and self.counters.updates % cfg.train.export_every == 0:
+                self.export()
             if cfg.train.checkpoint_every and self.counters.updates % cfg.train.checkpoint_every == 0:
                 self.save_checkpoint()
 

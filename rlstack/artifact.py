@@ -1,0 +1,263 @@
+"""The policy artifact (DESIGN contract 3): MindIR export of the acting graph, its manifest, and loading.
+
+Layout: `<run>/policy/v000012/{policy.mindir, manifest.json}` plus `<run>/policy/LATEST` naming
+the newest version. This module is the only caller of `mindspore.export` / `mindspore.load`.
+A version directory is written under a temp name and renamed into place, and `LATEST` is
+replaced atomically, so a reader never sees a half-written version. Loading verifies the
+sha256 and the manifest before anything is built, and refuses a mismatch with a message that
+says what differs and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn
+
+from rlstack.fsutil import atomic_directory, atomic_write_text
+from rlstack.network import Network, NoiseKind, sample_noise
+
+GRAPH_FILE = "policy.mindir"
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+_VERSION_RE = re.compile(r"^v(\d{6})$")
+
+
+class ArtifactError(RuntimeError):
+    """A policy artifact is missing, corrupt, or does not match what the caller expects."""
+
+
+def _json_floats(values: np.ndarray) -> list[float | str]:
+    # Strict JSON has no Infinity; unbounded Box limits are written as "inf" / "-inf"
+    # (np.asarray(..., dtype=np.float32) reads them back).
+    return [float(v) if np.isfinite(v) else str(float(v)) for v in np.asarray(values, np.float64).reshape(-1)]
+
+
+def space_to_dict(space: gym.Space) -> dict[str, Any]:
+    """A JSON-safe description of a Discrete or Box space (as stored in manifests)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.Box):
+        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
+                "low": _json_floats(space.low), "high": _json_floats(space.high)}
+    raise ArtifactError(f"space {space} cannot be described in a manifest")
+
+
+def version_name(number: int) -> str:
+    return f"v{number:06d}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def list_versions(policy_dir: Path) -> list[Path]:
+    """Finished version directories, oldest first (temp directories are ignored)."""
+    if not policy_dir.is_dir():
+        return []
+    return sorted(p for p in policy_dir.iterdir() if p.is_dir() and _VERSION_RE.match(p.name))
+
+
+def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, obs_space: gym.Space,
+                  action_space: gym.Space, device: str, fusion: bool, config_hash: str,
+                  keep: int = 0, extra: dict[str, Any] | None = None) -> Path:
+    """Export `network.act` as MindIR with a dynamic batch dimension, next version number.
+
+    Returns the new version directory. `keep` > 0 removes the oldest versions beyond that count.
+    """
+    policy_dir = Path(policy_dir)
+    versions = list_versions(policy_dir)
+    number = int(versions[-1].name[1:]) + 1 if versions else 1
+    name = version_name(number)
+    obs_shape = tuple(int(d) for d in obs_space.shape)
+    with atomic_directory(policy_dir / name) as tmp:
+        ms.export(network, Tensor(shape=[None, *obs_shape], dtype=ms.float32),
+                  Tensor(shape=[None, network.noise_dim], dtype=ms.float32),
+                  file_name=str(tmp / "policy"), file_format="MINDIR")
+        graph = tmp / GRAPH_FILE
+        if not graph.is_file():
+            raise ArtifactError(f"mindspore.export did not write {graph}")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "version": name,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "algorithm": algorithm,
+            "observation_space": space_to_dict(obs_space),
+            "action_space": space_to_dict(action_space),
+            "noise": {"kind": network.noise_kind.value, "dim": network.noise_dim},
+            "inputs": {"obs": [None, *obs_shape], "noise": [None, network.noise_dim]},
+            "outputs": ["action", "logp", "value"],
+            "dtype": "float32",
+            "obs_normalization": {"enabled": bool(network.spec.normalize_obs), "clip": network.spec.obs_clip},
+            "mindspore_version": ms.__version__,
+            "device": device,
+            "fusion": bool(fusion),
+            "config_hash": config_hash,
+            "sha256": _sha256(graph),
+            "graph_file": GRAPH_FILE,
+            **(extra or {}),
+        }
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, allow_nan=False))
+    atomic_write_text(policy_dir / "LATEST", name + "\n")
+    if keep > 0:
+        for old in list_versions(policy_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return policy_dir / name
+
+
+def resolve_version_dir(path: str | Path) -> Path:
+    """A run dir, a `policy/` dir (follows LATEST) or a version dir -> the version dir."""
+    path = Path(path)
+    if (path / MANIFEST_FILE).is_file():
+        return path
+    for policy_dir in (path, path / "policy"):
+        latest = policy_dir / "LATEST"
+        if latest.is_file():
+            name = latest.read_text().strip()
+            if not _VERSION_RE.match(name):
+                raise ArtifactError(f"{latest} names '{name}', which is not a policy version (v000001 ...)")
+            version = policy_dir / name
+            if not (version / MANIFEST_FILE).is_file():
+                raise ArtifactError(f"{latest} points at {version}, which has no {MANIFEST_FILE}")
+            return version
+    raise ArtifactError(f"{path} is not a run directory, a policy/ directory or a policy version "
+                        f"(no {MANIFEST_FILE}, no LATEST, no policy/LATEST)")
+
+
+_REQUIRED = ("format_version", "version", "algorithm", "observation_space", "action_space", "noise",
+             "dtype", "mindspore_version", "device", "fusion", "sha256", "graph_file")
+
+
+def read_manifest(version_dir: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((version_dir / MANIFEST_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ArtifactError(f"{version_dir / MANIFEST_FILE} cannot be read: {err}") from None
+    missing = [k for k in _REQUIRED if k not in manifest]
+    if missing:
+        raise ArtifactError(f"{version_dir / MANIFEST_FILE} lacks {', '.join(missing)}")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise ArtifactError(f"{version_dir}: manifest format {manifest['format_version']}, "
+                            f"this rlstack reads format {FORMAT_VERSION}")
+    return manifest
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def check_manifest(manifest: dict[str, Any], where: Path, *, obs_shape: tuple[int, ...] | None = None,
+                   device: str | None = None) -> None:
+    """Refuse what cannot run correctly; warn on what is harmless (documented in README)."""
+    if _major_minor(manifest["mindspore_version"]) != _major_minor(ms.__version__):
+        raise ArtifactError(f"{where}: exported by MindSpore {manifest['mindspore_version']}, this process runs "
+                            f"MindSpore {ms.__version__}; MindIR is only loaded within the same major.minor "
+                            "version (re-export the policy or install the matching MindSpore)")
+    if manifest["dtype"] != "float32":
+        raise ArtifactError(f"{where}: graph dtype is {manifest['dtype']}, expected float32")
+    expected_shape = tuple(manifest["observation_space"].get("shape", ()))
+    if obs_shape is not None and tuple(obs_shape) != expected_shape:
+        raise ArtifactError(f"{where}: the policy takes observations of shape {expected_shape}, "
+                            f"the caller expects {tuple(obs_shape)}")
+    if device is not None and device != manifest["device"]:
+        # A MindIR graph is device-neutral; the numbers may differ in the last bits across devices.
+        warnings.warn(f"{where}: exported on device '{manifest['device']}', running on '{device}' "
+                      "(results may differ in the last bits from training)", stacklevel=3)
+
+
+class ActResult(NamedTuple):
+    action: np.ndarray
+    logp: np.ndarray
+    value: np.ndarray
+
+
+@dataclass
+class Policy:
+    """A loaded policy version: the exported graph run through `nn.GraphCell`."""
+
+    graph: nn.GraphCell
+    manifest: dict[str, Any]
+    path: Path
+
+    @property
+    def version(self) -> str:
+        return self.manifest["version"]
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return tuple(self.manifest["observation_space"]["shape"])
+
+    def noise(self, batch: int, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
+        kind, dim = NoiseKind(self.manifest["noise"]["kind"]), int(self.manifest["noise"]["dim"])
+        if deterministic:
+            return np.zeros((batch, dim), np.float32)
+        return sample_noise(kind, dim, batch, rng)
+
+    def run(self, obs: np.ndarray, noise: np.ndarray) -> ActResult:
+        """The raw graph call: obs [B, *obs_shape] float32, noise [B, noise_dim] float32."""
+        action, logp, value = self.graph(Tensor(obs), Tensor(noise))
+        return ActResult(action.asnumpy(), logp.asnumpy(), value.asnumpy())
+
+    def act(self, obs: Any, deterministic: bool = False, seed: int | None = None,
+            rng: np.random.Generator | None = None, clip: bool = True) -> ActResult:
+        """numpy in, numpy out. `obs` is one observation or a batch [B, *obs_shape].
+
+        `seed` fixes the noise, so a stochastic action is reproducible. Box actions are clipped
+        to the action space unless `clip=False` (the raw sample is what `logp` refers to).
+        """
+        obs = np.asarray(obs, np.float32)
+        single = obs.shape == self.obs_shape
+        batch = obs[None] if single else obs
+        if batch.ndim != len(self.obs_shape) + 1 or batch.shape[1:] != self.obs_shape:
+            raise ArtifactError(f"observation shape {obs.shape} does not match the policy: expected "
+                                f"{self.obs_shape} or a batch [B, {', '.join(map(str, self.obs_shape))}]")
+        if rng is None:
+            rng = np.random.default_rng(seed)
+        result = self.run(batch, self.noise(len(batch), deterministic, rng))
+        action = result.action
+        space = self.manifest["action_space"]
+        if clip and space["type"] == "Box":
+            action = np.clip(action, np.asarray(space["low"], np.float32), np.asarray(space["high"], np.float32))
+        if single:
+            return ActResult(action[0], result.logp[0], result.value[0])
+        return ActResult(action, result.logp, result.value)
+
+
+def load_policy(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
+                device: str | None = None) -> Policy:
+    """Load and verify a policy from a run dir, a `policy/` dir or a version dir.
+
+    Checks the manifest, the sha256 of the graph file and (when given) the observation shape
+    before building anything; raises ArtifactError saying what differs.
+    """
+    version_dir = resolve_version_dir(path)
+    manifest = read_manifest(version_dir)
+    check_manifest(manifest, version_dir, obs_shape=obs_shape, device=device)
+    graph_path = version_dir / manifest["graph_file"]
+    if not graph_path.is_file():
+        raise ArtifactError(f"{graph_path} is missing")
+    data = graph_path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != manifest["sha256"]:
+        raise ArtifactError(f"{graph_path} is corrupt: sha256 {digest[:16]}… but the manifest records "
+                            f"{manifest['sha256'][:16]}…; refusing to load it")
+    try:
+        graph = nn.GraphCell(ms.load(str(graph_path)))
+    except Exception as err:  # MindSpore raises RuntimeError/ValueError variants on bad files
+        raise ArtifactError(f"{graph_path} passed its checksum but MindSpore cannot load it: {err}") from None
+    return Policy(graph=graph, manifest=manifest, path=version_dir)

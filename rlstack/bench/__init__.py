@@ -1,0 +1,16 @@
+"""Benchmarks (`python -m rlstack.bench <name>`): measurements printed as JSON, never asserted by tests."""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> module under rlstack.bench; each module has `main(argv: list[str]) -> int`.
+BENCHMARKS = {
+    "ppo": "rlstack.bench.ppo",
+}
+
+
+def run(name: str, argv: list[str]) -> int:
+    if name not in BENCHMARKS:
+        raise SystemExit(f"unknown benchmark '{name}'; available: {', '.join(sorted(BENCHMARKS))}")
+    return importlib.import_module(BENCHMARKS[name]).main(argv)
