@@ -1,0 +1,56 @@
+"""PPO: the clipped surrogate against numpy, and CartPole solved from a fixed seed."""
+
+import gymnasium as gym
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from rlstack.algorithms.ppo import PPO, PPOLoss
+from rlstack.config import load_config
+from rlstack.trainer import Trainer
+
+
+def test_clipped_surrogate_matches_numpy():
+    cfg = load_config(None, ["train.clip_range_vf=0.1", "train.ent_coef=0.01"])
+    env = gym.make("CartPole-v1")
+    algo = PPO(cfg, env.observation_space, env.action_space)
+    loss_cell = PPOLoss(algo.network, cfg.train)
+    rng = np.random.default_rng(0)
+    b = 64
+    obs = rng.standard_normal((b, 4)).astype(np.float32)
+    action = rng.integers(0, 2, b).astype(np.int32)
+    old_logp = np.log(rng.uniform(0.2, 0.8, b)).astype(np.float32)
+    adv = rng.standard_normal(b).astype(np.float32)
+    ret = rng.standard_normal(b).astype(np.float32)
+    old_value = rng.standard_normal(b).astype(np.float32)
+    clip = 0.2
+    loss, info = loss_cell(*(Tensor(x) for x in (obs, action, old_logp, adv, ret, old_value)), Tensor(clip, ms.float32))
+    logp, entropy, value = (x.asnumpy().astype(np.float64) for x in ms.jit(algo.network.evaluate)(Tensor(obs), Tensor(action)))
+    a = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+    ratio = np.exp(logp - old_logp)
+    policy_loss = -np.minimum(a * ratio, a * np.clip(ratio, 1 - clip, 1 + clip)).mean()
+    value_clipped = old_value + np.clip(value - old_value, -0.1, 0.1)
+    value_loss = ((ret - value_clipped) ** 2).mean()
+    expected = policy_loss + 0.5 * value_loss - 0.01 * entropy.mean()
+    np.testing.assert_allclose(float(loss.asnumpy()), expected, rtol=1e-5)
+    info = info.asnumpy()
+    np.testing.assert_allclose(info[:3], [policy_loss, value_loss, entropy.mean()], rtol=1e-5)
+    np.testing.assert_allclose(info[3], ((ratio - 1) - np.log(ratio)).mean(), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(info[4], (np.abs(ratio - 1) > clip).mean(), atol=1e-6)
+
+
+def test_linear_schedules_reach_the_optimizer(tmp_path):
+    cfg = load_config(None, ["train.total_steps=512", "train.progress=off", "env.eval_episodes=1"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer.train()
+    # Two updates at progress_remaining 1.0 and 0.5: the last lr set is 1e-3 * 0.5.
+    assert float(trainer.algo.optimizer.learning_rate.asnumpy()) == pytest.approx(5e-4)
+
+
+@pytest.mark.learning
+def test_ppo_solves_cartpole_within_1e5_steps(tmp_path):
+    cfg = load_config(None, ["seed=0", "train.progress=log"])
+    summary = Trainer(cfg, tmp_path / "run").train()
+    assert summary["total_steps"] <= 100_000 + 256
+    assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
