@@ -22,7 +22,7 @@ from mindspore import Tensor, nn, ops
 from rlstack import registry
 from rlstack.buffers import RolloutBatch
 from rlstack.config import Config, ConfigError, TrainConfig
-from rlstack.network import Network, NetSpec, PolicyKind
+from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.schedules import parse_schedule
 
 MAX_UNROLL = 32
@@ -55,6 +55,11 @@ class PPOConfig(TrainConfig):
     """Global gradient-norm clipping threshold."""
     normalize_advantage: bool = True
     """Normalise advantages to zero mean and unit std within each minibatch."""
+    is_clip: float | None = None
+    """Truncated importance sampling for stale samples (`actors` >= 1): the clipped ratio is taken
+    against the learner's policy at the start of the update and each sample is weighted by
+    min(pi_learner / pi_behaviour, is_clip) (decoupled PPO, Hilton et al. 2022, with IMPALA's
+    truncation). None: plain PPO, the ratio against the actor's recorded logp."""
 
     def validate(self, cfg: Config) -> None:
         rollout = self.n_steps * cfg.env.n_envs
@@ -66,6 +71,8 @@ class PPOConfig(TrainConfig):
                 parse_schedule(getattr(self, key), f"train.{key}")
             except ValueError as err:
                 raise ConfigError(str(err)) from None
+        if self.is_clip is not None and self.is_clip <= 0:
+            raise ConfigError(f"'train.is_clip' must be > 0 (or null for no correction), got {self.is_clip}")
 
 
 class PPOLoss(nn.Cell):
@@ -80,7 +87,7 @@ class PPOLoss(nn.Cell):
         self.clip_vf = cfg.clip_range_vf is not None
         self.clip_range_vf = cfg.clip_range_vf if cfg.clip_range_vf is not None else 0.0
 
-    def construct(self, obs, action, old_logp, adv, ret, old_value, clip_range):
+    def construct(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight=None):
         logp, entropy, value = self.network.evaluate(obs, action)  # [B] each
         if self.normalize_advantage:
             centred = adv - adv.mean()
@@ -89,6 +96,8 @@ class PPOLoss(nn.Cell):
         log_ratio = logp - old_logp
         ratio = ops.exp(log_ratio)
         surrogate = ops.minimum(adv * ratio, adv * ops.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range))
+        if is_weight is not None:
+            surrogate = surrogate * is_weight  # truncated pi_learner / pi_behaviour (train.is_clip)
         policy_loss = -surrogate.mean()
         if self.clip_vf:
             value = old_value + ops.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
@@ -98,7 +107,10 @@ class PPOLoss(nn.Cell):
         # Schulman's low-variance KL estimator, as SB3 logs it.
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
         clip_fraction = (ops.abs(ratio - 1.0) > clip_range).astype(ms.float32).mean()
-        return loss, ops.stack((policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction))
+        # Parity: on the first minibatch of an update this is 0 exactly when the learner
+        # recomputes the actor's logp bit for bit (`parity: strict`, fresh weights).
+        ratio_dev = ops.abs(ratio - 1.0).max()
+        return loss, ops.stack((policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction, ratio_dev))
 
 
 class PPOUpdate(nn.Cell):
@@ -107,7 +119,8 @@ class PPOUpdate(nn.Cell):
     Inputs are the whole rollout [R, ...] and `index` [n_epochs * n_minibatches, batch_size]
     (a fresh permutation per epoch, drawn on the host). The loop over minibatches is unrolled
     at compile time; each iteration gathers its rows, differentiates the loss, clips the
-    global grad norm and steps Adam. Returns the diagnostics averaged over minibatches.
+    global grad norm and steps Adam. Returns the diagnostics averaged over minibatches [7],
+    then the first minibatch's max |ratio - 1| [1].
     """
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig, n_iterations: int):
@@ -118,16 +131,34 @@ class PPOUpdate(nn.Cell):
         self.max_grad_norm = cfg.max_grad_norm
         self.n_iterations = n_iterations
 
-    def construct(self, obs, action, old_logp, adv, ret, old_value, index, clip_range):
-        total = ops.zeros((6,), ms.float32)
+    def construct(self, obs, action, old_logp, adv, ret, old_value, index, clip_range, is_weight):
+        total = ops.zeros((7,), ms.float32)
+        first_ratio_dev = ops.zeros((1,), ms.float32)
         for i in range(self.n_iterations):
             rows = index[i]
             (loss, info), grads = self.grad(obs[rows], action[rows], old_logp[rows], adv[rows], ret[rows],
-                                            old_value[rows], clip_range)
+                                            old_value[rows], clip_range, is_weight[rows])
             grads = ops.clip_by_global_norm(grads, self.max_grad_norm)
             self.optimizer(grads)
             total = total + ops.concat((loss.reshape(1), info))
-        return total / self.n_iterations
+            if i == 0:
+                first_ratio_dev = info[5:]
+        return ops.concat((total / self.n_iterations, first_ratio_dev))
+
+
+class LearnerLogp(nn.Cell):
+    """log pi(action | obs) under the current parameters, for `train.is_clip` (one graph call).
+
+    A Cell on purpose: `ms.jit(network.evaluate)` keeps the parameter values it was compiled
+    with on MindSpore 2.10 (neither optimizer steps nor `set_data` reach it; measured).
+    """
+
+    def __init__(self, network: Network):
+        super().__init__()
+        self.network = network
+
+    def construct(self, obs, action):
+        return self.network.evaluate(obs, action)[0]
 
 
 class PPO:
@@ -142,7 +173,8 @@ class PPO:
             hidden=tuple(cfg.net.hidden), activation=cfg.net.activation,
             policy=PolicyKind.CATEGORICAL if discrete else PolicyKind.GAUSSIAN, value=True,
             normalize_obs=cfg.net.normalize_obs, obs_clip=cfg.net.obs_clip,
-            log_std_init=cfg.net.log_std_init, ortho_init=cfg.net.ortho_init))
+            log_std_init=cfg.net.log_std_init, ortho_init=cfg.net.ortho_init,
+            batch_invariant=cfg.parity == "strict"))
         self.lr = parse_schedule(self.cfg.lr, "train.lr")
         self.clip_range = parse_schedule(self.cfg.clip_range, "train.clip_range")
         self.optimizer = nn.Adam(self.network.trainable_params(), learning_rate=Tensor(self.lr(1.0), ms.float32),
@@ -156,6 +188,7 @@ class PPO:
         total = self.cfg.n_epochs * self.n_minibatches
         self.chunk = max(d for d in range(1, min(total, MAX_UNROLL) + 1) if total % d == 0)
         self.update = PPOUpdate(self.network, self.optimizer, self.cfg, self.chunk)
+        self.learner_logp = LearnerLogp(self.network) if self.cfg.is_clip is not None else None
 
     def state_cell(self) -> nn.Cell:
         """Everything a checkpoint must hold: network and optimizer state."""
@@ -167,19 +200,30 @@ class PPO:
         self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
         index = np.concatenate([rng.permutation(self.rollout_size).reshape(self.n_minibatches, -1)
                                 for _ in range(self.cfg.n_epochs)]).astype(np.int32)
-        rollout = (Tensor(batch.obs), Tensor(batch.action), Tensor(batch.logp), Tensor(batch.adv),
+        old_logp, is_weight, is_metrics = batch.logp, np.ones_like(batch.logp), {}
+        if self.learner_logp is not None:
+            # Decoupled PPO: clip against the learner's policy now, correct for the actor's
+            # (possibly older) behaviour policy with a truncated importance weight.
+            old_logp = self.learner_logp(Tensor(batch.obs), Tensor(batch.action)).asnumpy()
+            rho = np.exp(old_logp.astype(np.float64) - batch.logp)
+            is_weight = np.minimum(rho, self.cfg.is_clip).astype(np.float32)
+            is_metrics = {"train/is_weight_mean": float(is_weight.mean()),
+                          "train/is_truncated_fraction": float((rho > self.cfg.is_clip).mean())}
+        rollout = (Tensor(batch.obs), Tensor(batch.action), Tensor(old_logp), Tensor(batch.adv),
                    Tensor(batch.ret), Tensor(batch.value))
-        clip_t = Tensor(clip, ms.float32)
-        calls = [self.update(*rollout, Tensor(index[i: i + self.chunk]), clip_t)
+        clip_t, weight_t = Tensor(clip, ms.float32), Tensor(is_weight)
+        calls = [self.update(*rollout, Tensor(index[i: i + self.chunk]), clip_t, weight_t)
                  for i in range(0, len(index), self.chunk)]
-        stats = np.mean([c.asnumpy() for c in calls], axis=0)
-        loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction = (float(x) for x in stats)
+        outputs = [c.asnumpy() for c in calls]
+        stats = np.mean([o[:7] for o in outputs], axis=0)
+        loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in stats)
         var_ret = float(np.var(batch.ret))
         explained = float("nan") if var_ret == 0 else 1.0 - float(np.var(batch.ret - batch.value)) / var_ret
         return {
             "train/loss": loss, "train/policy_loss": policy_loss, "train/value_loss": value_loss,
             "train/entropy": entropy, "train/approx_kl": approx_kl, "train/clip_fraction": clip_fraction,
             "train/explained_variance": explained, "train/learning_rate": lr, "train/clip_range": clip,
+            "parity/ppo_ratio_dev": float(outputs[0][7]), **is_metrics,
         }
 
 

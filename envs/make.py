@@ -41,6 +41,15 @@ def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
     truncated episode from V(final_obs) without a dead transition on the following step.
     """
     make_env(env_id, kwargs).close()  # fail here, in this process, with a clear message
+    if gym.spec(env_id).vector_entry_point is not None:
+        # A purpose-built batched env (e.g. self-play games: opponents' moves batched across
+        # all games); it steps every copy in this process whatever `vector` says.
+        envs = gym.make_vec(env_id, num_envs=n_envs, vectorization_mode="vector_entry_point", **(kwargs or {}))
+        if envs.metadata.get("autoreset_mode") == AutoresetMode.SAME_STEP:
+            return envs
+        # gymnasium's own vector envs (CartPole-v1's CartPoleVectorEnv) autoreset NEXT_STEP and
+        # report no info["final_obs"]: the rollout and the actors need SAME_STEP.
+        envs.close()
 
     def factory():
         return gym.make(env_id, **(kwargs or {}))

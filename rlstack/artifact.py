@@ -10,6 +10,7 @@ says what differs and what was expected.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -27,6 +28,7 @@ from mindspore import Tensor, nn
 
 from rlstack.fsutil import atomic_directory, atomic_write_text
 from rlstack.network import Network, NoiseKind, sample_noise
+from rlstack.spaces import MaskedBox, flat_masked_space
 
 GRAPH_FILE = "policy.mindir"
 MANIFEST_FILE = "manifest.json"
@@ -45,7 +47,18 @@ def _json_floats(values: np.ndarray) -> list[float | str]:
 
 
 def space_to_dict(space: gym.Space) -> dict[str, Any]:
-    """A JSON-safe description of a Discrete or Box space (as stored in manifests)."""
+    """A JSON-safe description of a Discrete or Box space (as stored in manifests).
+
+    A masked Dict observation is described as `type: Dict` with its keys, plus the `shape` and
+    `flat_layout` of the one float32 vector the graph takes (so `Policy.obs_shape` still works).
+    """
+    space = flat_masked_space(space)
+    if isinstance(space, MaskedBox):
+        return {"type": "Dict", "shape": list(space.shape), "dtype": "float32",
+                "spaces": {k: space_to_dict(v) for k, v in space.dict_space.spaces.items()},
+                "flat_layout": space.layout()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "shape": list(space.shape)}
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n)}
     if isinstance(space, gym.spaces.Box):
@@ -84,7 +97,7 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
     versions = list_versions(policy_dir)
     number = int(versions[-1].name[1:]) + 1 if versions else 1
     name = version_name(number)
-    obs_shape = tuple(int(d) for d in obs_space.shape)
+    obs_shape = tuple(int(d) for d in flat_masked_space(obs_space).shape)  # a masked Dict enters flat
     with atomic_directory(policy_dir / name) as tmp:
         ms.export(network, Tensor(shape=[None, *obs_shape], dtype=ms.float32),
                   Tensor(shape=[None, network.noise_dim], dtype=ms.float32),
@@ -162,7 +175,7 @@ def _major_minor(version: str) -> tuple[str, ...]:
 
 
 def check_manifest(manifest: dict[str, Any], where: Path, *, obs_shape: tuple[int, ...] | None = None,
-                   device: str | None = None) -> None:
+                   device: str | None = None, fusion: bool | None = None) -> None:
     """Refuse what cannot run correctly; warn on what is harmless (documented in README)."""
     if _major_minor(manifest["mindspore_version"]) != _major_minor(ms.__version__):
         raise ArtifactError(f"{where}: exported by MindSpore {manifest['mindspore_version']}, this process runs "
@@ -178,6 +191,12 @@ def check_manifest(manifest: dict[str, Any], where: Path, *, obs_shape: tuple[in
         # A MindIR graph is device-neutral; the numbers may differ in the last bits across devices.
         warnings.warn(f"{where}: exported on device '{manifest['device']}', running on '{device}' "
                       "(results may differ in the last bits from training)", stacklevel=3)
+    if fusion is not None and bool(fusion) != bool(manifest["fusion"]):
+        # The seed's classic train/serve skew: graph-kernel fusion is a compile option of the
+        # process running the graph, so the same MindIR is fused differently (speed, last bits).
+        warnings.warn(f"{where}: trained with graph-kernel fusion {'on' if manifest['fusion'] else 'off'}, "
+                      f"running with it {'on' if fusion else 'off'} (set `fusion` the same in both "
+                      "for identical kernels)", stacklevel=3)
 
 
 class ActResult(NamedTuple):
@@ -238,20 +257,52 @@ class Policy:
         return ActResult(action, result.logp, result.value)
 
 
+_RACE_RETRIES = 20
+"""How often `load_policy` follows LATEST again when the version it read is pruned meanwhile."""
+
+
+def _latest_name(path: Path) -> str | None:
+    for latest in (path / "LATEST", path / "policy" / "LATEST"):
+        with contextlib.suppress(OSError):
+            return latest.read_text().strip()
+    return None
+
+
 def load_policy(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
-                device: str | None = None) -> Policy:
+                device: str | None = None, fusion: bool | None = None) -> Policy:
     """Load and verify a policy from a run dir, a `policy/` dir or a version dir.
 
     Checks the manifest, the sha256 of the graph file and (when given) the observation shape
-    before building anything; raises ArtifactError saying what differs.
+    before building anything; raises ArtifactError saying what differs. Given a run or
+    `policy/` dir it loads the version LATEST names; if that version is pruned while it is
+    being loaded (`train.keep_versions` with frequent exports), it follows LATEST again.
+    `device`/`fusion` (the caller's runtime) only warn when they differ from training.
     """
-    version_dir = resolve_version_dir(path)
+    path = Path(path)
+    if (path / MANIFEST_FILE).is_file():
+        return _load_version(path, obs_shape, device, fusion)
+    for _ in range(_RACE_RETRIES):
+        tried = _latest_name(path)
+        try:
+            return _load_version(resolve_version_dir(path), obs_shape, device, fusion)
+        except ArtifactError:
+            # Pruning only removes versions older than the newest, so a version that vanished
+            # under us means LATEST has moved on; anything else is a real error.
+            if tried is None or _latest_name(path) == tried:
+                raise
+    raise ArtifactError(f"{path}: LATEST kept moving to versions that were pruned before they could be "
+                        f"loaded ({_RACE_RETRIES} tries); is train.keep_versions too small?")
+
+
+def _load_version(version_dir: Path, obs_shape: tuple[int, ...] | None, device: str | None,
+                  fusion: bool | None) -> Policy:
     manifest = read_manifest(version_dir)
-    check_manifest(manifest, version_dir, obs_shape=obs_shape, device=device)
+    check_manifest(manifest, version_dir, obs_shape=obs_shape, device=device, fusion=fusion)
     graph_path = version_dir / manifest["graph_file"]
-    if not graph_path.is_file():
-        raise ArtifactError(f"{graph_path} is missing")
-    data = graph_path.read_bytes()
+    try:
+        data = graph_path.read_bytes()
+    except OSError as err:
+        raise ArtifactError(f"{graph_path} cannot be read: {err}") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != manifest["sha256"]:
         raise ArtifactError(f"{graph_path} is corrupt: sha256 {digest[:16]}… but the manifest records "

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,22 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlstack import registry
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_cartpole.yaml"
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML with 1.2 booleans: only true/false are bools, so `fusion: on` stays the string 'on'."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
 class ConfigError(ValueError):
@@ -80,6 +97,37 @@ class TrainConfig:
 
 
 @dataclass
+class SelfPlayConfig:
+    """Opponents and evaluation for the two-player game envs (`rlstack/TicTacToe-v0`,
+    `rlstack/ConnectFour-v0`); ignored for other envs."""
+
+    opponents: str = "latest"
+    """Opponent pool of exported versions (`policy/v*`, one every train.export_every updates):
+    `latest`, `uniform` over the last pool_size, or `gated` (a version joins when the learner
+    scores >= gate_score against the pool). The uniform random player until the first export."""
+    pool_size: int = 5
+    """Versions the pool draws from (`uniform`, `gated`)."""
+    gate_score: float = 0.55
+    """`gated`: (wins + draws / 2) / games the learner needs against the pool to admit a version."""
+    gate_min_games: int = 200
+    """`gated`: games against the pool before the gate is checked."""
+    opponent_sample: bool = True
+    """Opponents sample their moves from their policy (False: their argmax move)."""
+    opponent_epsilon: float = 0.0
+    """Probability that an opponent's move is uniformly random instead (exploration)."""
+    eval_every: int = 0
+    """Evaluate every this many updates (0: only at the end): W/D/L vs random, minimax, snapshots."""
+    eval_games: int = 100
+    """Games per evaluation match, seats alternating; the agent plays its argmax move."""
+    minimax_depth: int = 2
+    """Depth of the minimax evaluation opponent (>= 9 is perfect play on tic-tac-toe)."""
+    elo_snapshots: int = 3
+    """Latest exported versions in the Elo table (with random, minimax and the current agent)."""
+    elo_games: int = 20
+    """Games per pair in the Elo round robin (all players sample their moves)."""
+
+
+@dataclass
 class Config:
     algo: str = "ppo"
     """Algorithm name in the registry (`ppo`, `dqn`, `sac`)."""
@@ -89,17 +137,26 @@ class Config:
     """`cpu`, `gpu` or `ascend`."""
     fusion: str = "auto"
     """Graph-kernel fusion: `auto` (on for Ascend/GPU, off on CPU), `on`, `off`."""
+    parity: str = "fast"
+    """`fast`, or `strict`: a batch-invariant network, so the exported graph acting at batch
+    env.n_envs and the learner at any minibatch size agree bit for bit (parity/max_abs_logp = 0)."""
+    actors: int = 0
+    """0: collect in the learner process (still through the exported graph); N >= 1: N actor
+    processes, each stepping its own env.n_envs envs and streaming rollouts to the learner."""
     env: EnvConfig = field(default_factory=EnvConfig)
     net: NetConfig = field(default_factory=NetConfig)
     train: Any = field(default_factory=TrainConfig)
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
 
 
 _CHOICES = {
     "device": ("cpu", "gpu", "ascend"),
     "fusion": ("auto", "on", "off"),
+    "parity": ("fast", "strict"),
     "env.vector": ("sync", "async"),
     "net.activation": ("tanh", "relu", "elu", "gelu"),
     "train.progress": ("auto", "bar", "log", "off"),
+    "selfplay.opponents": ("latest", "uniform", "gated"),
 }
 
 
@@ -153,7 +210,7 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. train.total_steps=50000)")
         key, _, raw = item.partition("=")
-        dotted[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
+        dotted[key.strip()] = _yaml_load(raw) if raw != "" else ""
     return dotted
 
 
@@ -182,7 +239,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file '{path}' does not exist")
         try:
-            values = yaml.safe_load(path.read_text()) or {}
+            values = _yaml_load(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         source = str(path)
@@ -211,6 +268,8 @@ def _check(cfg: Config) -> None:
             raise ConfigError(f"'{key}' is {value!r}; valid values: {', '.join(allowed)}")
     if cfg.env.n_envs < 1:
         raise ConfigError(f"'env.n_envs' must be >= 1, got {cfg.env.n_envs}")
+    if cfg.actors < 0:
+        raise ConfigError(f"'actors' must be >= 0 (0: collect in the learner process), got {cfg.actors}")
     if cfg.train.total_steps < 1:
         raise ConfigError(f"'train.total_steps' must be >= 1, got {cfg.train.total_steps}")
     check = getattr(cfg.train, "validate", None)
@@ -245,7 +304,8 @@ def describe(algo: str = "ppo") -> str:
 
 
 def _doc(algo: str, key: str) -> str:
-    classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": registry.get(algo).config_cls}
+    classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": registry.get(algo).config_cls,
+               "selfplay": SelfPlayConfig}
     section, _, name = key.rpartition(".")
     cls = classes.get(section)
     return field_docs(cls).get(name, "") if cls else ""

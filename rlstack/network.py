@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import gymnasium as gym
 import mindspore as ms
@@ -29,24 +29,26 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Orthogonal, Zero
 
+from rlstack.spaces import flat_masked_space, mask_dim_of
+
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC's clamp (Haarnoja et al. reference code)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-class PolicyKind(str, Enum):
+class PolicyKind(StrEnum):
     NONE = "none"
     CATEGORICAL = "categorical"
     GAUSSIAN = "gaussian"
     SQUASHED_GAUSSIAN = "squashed_gaussian"
 
 
-class QKind(str, Enum):
+class QKind(StrEnum):
     NONE = "none"
     DISCRETE = "discrete"
     CONTINUOUS = "continuous"
 
 
-class NoiseKind(str, Enum):
+class NoiseKind(StrEnum):
     """What the `noise` input of `act` holds; zero noise is always the deterministic action."""
 
     GUMBEL = "gumbel"
@@ -73,28 +75,76 @@ class NetSpec:
     obs_clip: float = 10.0
     log_std_init: float = 0.0
     ortho_init: bool = True
+    batch_invariant: bool = False
+    """`parity: strict`: every row's output is bitwise independent of the batch it is computed in
+    (see `BatchInvariantMLP`), so acting at batch n_envs and learning at any minibatch size agree."""
 
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU}
 
 
+BLOCK_ROWS = 64
+"""`BatchInvariantMLP` runs every layer on a whole number of blocks of this many rows."""
+
+
+class BatchInvariantDense(nn.Dense):
+    """A Dense layer whose rows do not depend on the batch when called on >= 16 rows.
+
+    Measured on MindSpore 2.10's CPU MatMul: a [M, k] x [k, n] product gives bitwise the same
+    row whatever M and the row's position once M >= 16 and n >= 2; below 16 rows, and for any M
+    when n == 1 (a matrix-vector path), it sums in another order (~1e-7 apart). So a one-column
+    layer (the value head, a critic) multiplies by its weight padded with a zero row and keeps
+    column 0; the row count is taken care of by `BatchInvariantMLP`.
+    """
+
+    def construct(self, x):
+        weight = self.weight
+        if self.out_channels == 1:
+            weight = ops.concat((weight, ops.zeros_like(weight)), 0)
+            return ops.dense(x, weight)[:, :1] + self.bias
+        return ops.dense(x, weight, self.bias)
+
+
+class BatchInvariantMLP(nn.SequentialCell):
+    """`parity: strict`: pads the batch with zero rows to a multiple of `BLOCK_ROWS` before the
+    first layer and drops them after the last, so every GEMM sees >= 64 rows and takes the same
+    path whether it is called by a vector env of 8, a server batch of 1 or a minibatch of 256.
+    Parameter names are those of the plain `nn.SequentialCell` (checkpoints load either way)."""
+
+    def construct(self, x):
+        rows = x.shape[0]
+        pad = (BLOCK_ROWS - rows % BLOCK_ROWS) % BLOCK_ROWS
+        x = ops.concat((x, ops.zeros((pad, x.shape[1]), x.dtype)), 0)
+        for cell in self.cell_list:
+            x = cell(x)
+        return x[:rows]
+
+
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str,
-        ortho: bool, out_gain: float) -> nn.SequentialCell:
-    """Dense layers with `activation` between them; orthogonal init as in SB3/CleanRL."""
+        ortho: bool, out_gain: float, batch_invariant: bool = False) -> nn.SequentialCell:
+    """Dense layers with `activation` between them; orthogonal init as in SB3/CleanRL.
+
+    `batch_invariant` builds the `parity: strict` variant (same parameters, same names).
+    """
+    dense = BatchInvariantDense if batch_invariant else nn.Dense
     layers: list[nn.Cell] = []
     sizes = [in_dim, *hidden]
     for fan_in, fan_out in zip(sizes, sizes[1:], strict=False):
         init = Orthogonal(gain=math.sqrt(2.0)) if ortho else "normal"
-        layers += [nn.Dense(fan_in, fan_out, weight_init=init, bias_init=Zero()), _ACTIVATIONS[activation]()]
+        layers += [dense(fan_in, fan_out, weight_init=init, bias_init=Zero()), _ACTIVATIONS[activation]()]
     init = Orthogonal(gain=out_gain) if ortho else "normal"
-    layers.append(nn.Dense(sizes[-1], out_dim, weight_init=init, bias_init=Zero()))
-    return nn.SequentialCell(layers)
+    layers.append(dense(sizes[-1], out_dim, weight_init=init, bias_init=Zero()))
+    return BatchInvariantMLP(layers) if batch_invariant else nn.SequentialCell(layers)
 
 
 def obs_dim_of(space: gym.Space) -> int:
+    """Width of the flat float32 observation the graph takes; a masked Dict (PettingZoo classic)
+    enters flattened as `[observation.ravel(), action_mask]` (see rlstack/spaces.py)."""
+    space = flat_masked_space(space)
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
-    raise TypeError(f"observation space {space} is not supported yet (Box observations only)")
+    raise TypeError(f"observation space {space} is not supported (Box, or Dict with "
+                    "'observation' and 'action_mask')")
 
 
 class ObsNormalizer(nn.Cell):
@@ -125,6 +175,10 @@ class Network(nn.Cell):
         super().__init__()
         self.spec = spec
         self.obs_dim = obs_dim_of(obs_space)
+        # Masked observations: the last mask_dim entries of the flat obs are the legal-move mask.
+        self.mask_dim = mask_dim_of(obs_space)
+        self.masked = self.mask_dim > 0
+        self.mask_start = self.obs_dim - self.mask_dim
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
             raise TypeError(f"action space {action_space} is not supported (Discrete or Box)")
@@ -137,23 +191,25 @@ class Network(nn.Cell):
         self.qkind = self.q_kind.value
         self.has_value = bool(spec.value)
         self.dueling = bool(spec.dueling)
+        self.batch_invariant = bool(spec.batch_invariant)
         hidden, act, ortho = tuple(spec.hidden), spec.activation, spec.ortho_init
+        invariant = bool(spec.batch_invariant)
 
         self.normalizer = ObsNormalizer(self.obs_dim, spec.obs_clip, spec.normalize_obs)
         if self.policy_kind == PolicyKind.SQUASHED_GAUSSIAN:
             # SAC: state-dependent std, mean and log_std from one torso.
-            self.pi = mlp(self.obs_dim, hidden, 2 * self.action_dim, act, ortho, 0.01)
+            self.pi = mlp(self.obs_dim, hidden, 2 * self.action_dim, act, ortho, 0.01, invariant)
         elif self.policy_kind != PolicyKind.NONE:
-            self.pi = mlp(self.obs_dim, hidden, self.action_dim, act, ortho, 0.01)
+            self.pi = mlp(self.obs_dim, hidden, self.action_dim, act, ortho, 0.01, invariant)
         if self.policy_kind == PolicyKind.GAUSSIAN:
             self.log_std = Parameter(Tensor(np.full(self.action_dim, spec.log_std_init, np.float32)), name="log_std")
         if spec.value:
-            self.vf = mlp(self.obs_dim, hidden, 1, act, ortho, 1.0)
+            self.vf = mlp(self.obs_dim, hidden, 1, act, ortho, 1.0, invariant)
         if self.q_kind == QKind.DISCRETE:
             out = self.action_dim + (1 if spec.dueling else 0)
-            self.qf = mlp(self.obs_dim, hidden, out, act, ortho, 1.0)
+            self.qf = mlp(self.obs_dim, hidden, out, act, ortho, 1.0, invariant)
         elif self.q_kind == QKind.CONTINUOUS:
-            self.critics = nn.CellList([mlp(self.obs_dim + self.action_dim, hidden, 1, act, ortho, 1.0)
+            self.critics = nn.CellList([mlp(self.obs_dim + self.action_dim, hidden, 1, act, ortho, 1.0, invariant)
                                         for _ in range(spec.n_critics)])
         if not self.discrete:
             low = np.asarray(action_space.low, np.float32).reshape(-1)
@@ -165,6 +221,9 @@ class Network(nn.Cell):
         self.epsilon = Parameter(Tensor(0.0, ms.float32), name="epsilon", requires_grad=False)
 
     def _check_heads(self) -> None:
+        if self.masked and (self.policy_kind != PolicyKind.CATEGORICAL or self.mask_dim != self.action_dim):
+            raise ValueError(f"an action mask of length {self.mask_dim} needs a categorical policy over "
+                             f"as many actions; got policy '{self.policy_kind.value}' over {self.action_dim}")
         if self.policy_kind == PolicyKind.CATEGORICAL and not self.discrete:
             raise ValueError("a categorical policy needs a Discrete action space")
         if self.policy_kind in (PolicyKind.GAUSSIAN, PolicyKind.SQUASHED_GAUSSIAN) and self.discrete:
@@ -247,8 +306,14 @@ class Network(nn.Cell):
         """SAC actor: obs, standard-normal noise [B, d] -> (action in env units, logp), differentiable."""
         return self._squashed(self.features(obs), noise)
 
-    def _categorical(self, x):
+    def _categorical(self, x, obs):
         logits = self.pi(x)
+        if self.masked:
+            # Illegal moves get -1e9: exp() underflows to exactly 0 probability, Gumbel noise
+            # (|g| < 40 in float32) cannot lift them over a legal move, and logp/entropy stay
+            # finite (0 * -1e9 = 0). Legal logits are unchanged (x + 0).
+            mask = obs.reshape(obs.shape[0], -1)[:, self.mask_start:].astype(ms.float32)
+            logits = logits + (mask - 1.0) * 1e9
         return logits, ops.log_softmax(logits, -1)
 
     def _value_for_act(self, x, action):
@@ -272,7 +337,7 @@ class Network(nn.Cell):
         x = self.features(obs)
         kind = self.kind
         if kind == "categorical":
-            logits, logp_all = self._categorical(x)
+            logits, logp_all = self._categorical(x, obs)
             action = ops.argmax(logits + noise, -1).astype(ms.int32)  # Gumbel-max
             logp = ops.gather_elements(logp_all, 1, action.reshape(-1, 1)).squeeze(-1)
         elif kind == "gaussian":
@@ -292,6 +357,16 @@ class Network(nn.Cell):
         return action, logp, self._value_for_act(x, action)
 
     def construct(self, obs, noise):
+        if self.batch_invariant:
+            # `parity: strict`: the whole acting graph runs on whole 64-row blocks, because
+            # MindSpore's CPU log/softplus kernels round the last partial SIMD vector of a
+            # tensor differently (DQN's and SAC's logp would differ by ~1e-7 otherwise).
+            rows = obs.shape[0]
+            pad = (BLOCK_ROWS - rows % BLOCK_ROWS) % BLOCK_ROWS
+            obs = ops.concat((obs, ops.zeros((pad, *obs.shape[1:]), obs.dtype)), 0)
+            noise = ops.concat((noise, ops.zeros((pad, noise.shape[1]), noise.dtype)), 0)
+            action, logp, value = self.act(obs, noise)
+            return action[:rows], logp[:rows], value[:rows]
         return self.act(obs, noise)
 
     def evaluate(self, obs, action):
@@ -299,7 +374,7 @@ class Network(nn.Cell):
         (logp [B], entropy [B], value [B]) under the current parameters."""
         x = self.features(obs)
         if self.kind == "categorical":
-            _, logp_all = self._categorical(x)
+            _, logp_all = self._categorical(x, obs)
             logp = ops.gather_elements(logp_all, 1, action.astype(ms.int32).reshape(-1, 1)).squeeze(-1)
             entropy = -(ops.exp(logp_all) * logp_all).sum(-1)
         elif self.kind == "gaussian":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from rlstack.config import DEFAULT_CONFIG, ConfigError, describe, load_config
 from rlstack.envs import EnvError
@@ -25,7 +26,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="RUN_DIR", default=None,
                         help="continue the run in RUN_DIR from its latest checkpoint (overrides apply)")
     parser.add_argument("--help-keys", metavar="ALGO", default=None, help="list every config key for ALGO")
+    parser.add_argument("--profile", action="store_true",
+                        help="run MindSpore's Profiler over a window of updates; output in <out>/profile "
+                             "and a printed table of the operators that took the most time")
+    parser.add_argument("--profile-steps", type=_count(1), default=5, metavar="N",
+                        help="updates recorded by --profile (default 5)")
+    parser.add_argument("--profile-skip", type=_count(0), default=2, metavar="N",
+                        help="updates run before recording starts, so compilation is left out (default 2)")
     return parser
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= minimum, with a message naming the expected value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got '{text}'") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             trainer = Trainer(load_config(args.config, args.overrides), args.out)
         print(f"run directory: {trainer.out}", flush=True)
-        trainer.train()
+        window = None
+        if args.profile:
+            from rlstack.profiling import ProfileWindow
+
+            window = ProfileWindow(trainer.out / "profile", steps=args.profile_steps, skip=args.profile_skip)
+            trainer.update_hooks.append(window.on_update)
+        try:
+            trainer.train()
+        finally:
+            if window is not None:
+                window.close()
     except (*USAGE_ERRORS, ResumeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -7,6 +7,12 @@ import importlib
 # name -> module under rlstack.bench; each module has `main(argv: list[str]) -> int`.
 BENCHMARKS = {
     "ppo": "rlstack.bench.ppo",
+    "dqn": "rlstack.bench.dqn",
+    "sac": "rlstack.bench.sac",
+    "consistency": "rlstack.bench.consistency",
+    "selfplay": "rlstack.bench.selfplay",
+    "serve": "rlstack.bench.serve",
+    "actors": "rlstack.bench.actors",
 }
 
 

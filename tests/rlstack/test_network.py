@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from rlstack.network import Network, NetSpec, PolicyKind, QKind, sample_noise
+from rlstack.network import NetSpec, Network, PolicyKind, QKind, sample_noise
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 

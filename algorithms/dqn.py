@@ -1,0 +1,225 @@
+"""Double DQN (van Hasselt et al. 2016, https://arxiv.org/abs/1509.06461) on the shared network module.
+
+DQN (Mnih et al. 2015) with the Double-DQN target: the online network picks the next action,
+the target network values it. Follows Stable-Baselines3's DQN where the paper leaves a choice:
+Huber (smooth-L1) loss, gradient-norm clipping at 10, a linear epsilon schedule over
+`exploration_fraction` of training, `train_freq` / `gradient_steps` / `learning_starts` as in
+RL Baselines3 Zoo. Differences from SB3:
+- the target is Double DQN (SB3 takes the max of the target network; `double_q: false` does that);
+- epsilon-greedy runs inside the acting graph from the noise input (`Network.act`), so the
+  exported policy is the same graph; the trainer sets epsilon with `network.set_epsilon`;
+- all `gradient_steps` of an update run in one compiled graph call: the minibatches are
+  sampled on the host and stacked [K, B, ...], and `DQNUpdate` loops over them with a graph
+  `while` loop (compiled once, not unrolled, so compile time does not grow with K);
+- the target network is updated when the environment-step counter crosses a multiple of
+  `target_update_interval`. The online network only changes inside `learn`, so the updates due
+  since the previous `learn` are applied at its start in one step: n Polyak steps towards an
+  unchanged online network are `target <- lerp(target, online, 1 - (1 - tau)^n)` exactly
+  (a hard copy when tau = 1), which is what SB3's per-step updates compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from rlstack import registry
+from rlstack.config import Config, ConfigError
+from rlstack.network import NetSpec, Network, PolicyKind, QKind
+from rlstack.replay import OffPolicyConfig, ReplayBuffer, target_update_count
+from rlstack.schedules import parse_schedule
+
+
+@dataclass
+class DQNConfig(OffPolicyConfig):
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions (the oldest are overwritten)."""
+    learning_starts: int = 100
+    """Environment steps of uniformly random actions before the first update."""
+    batch_size: int = 32
+    """Transitions per gradient step."""
+    train_freq: int = 4
+    """Update every this many vector-env steps (each vector step is env.n_envs transitions)."""
+    gradient_steps: int = 1
+    """Gradient steps per update (each on a fresh minibatch)."""
+    target_update_interval: int = 10_000
+    """Environment steps between target-network updates."""
+    lr: str = "1e-4"
+    """Adam learning rate: a number, or `lin_X` for a linear decay from X to 0."""
+    exploration_fraction: float = 0.1
+    """Fraction of `total_steps` over which epsilon decays linearly from its initial to its final value."""
+    exploration_initial_eps: float = 1.0
+    """Epsilon at the start of training."""
+    exploration_final_eps: float = 0.05
+    """Epsilon after `exploration_fraction` of training."""
+    max_grad_norm: float = 10.0
+    """Global gradient-norm clipping threshold."""
+    double_q: bool = True
+    """Double-DQN target (online argmax, target value); False: max of the target network."""
+    dueling: bool = False
+    """Dueling Q head: Q = V + A - mean(A) (Wang et al. 2016)."""
+
+    def validate(self, cfg: Config) -> None:
+        super().validate(cfg)
+        if not 0.0 < self.exploration_fraction <= 1.0:
+            raise ConfigError(f"'train.exploration_fraction' must be in (0, 1], got {self.exploration_fraction}")
+        for key in ("exploration_initial_eps", "exploration_final_eps"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"'train.{key}' must be in [0, 1], got {getattr(self, key)}")
+
+
+def linear_epsilon(progress_remaining: float, initial: float, final: float, fraction: float) -> float:
+    """SB3's `get_linear_fn`: initial -> final over the first `fraction` of training, then final."""
+    progress = 1.0 - progress_remaining
+    if progress > fraction:
+        return final
+    return initial + progress * (final - initial) / fraction
+
+
+def td_target(q_next_online, q_next_target, reward, terminated, gamma: float, double_q: bool):
+    """The bootstrapped target, [B]. q_next_*: Q(next_obs, .) [B, n]; reward, terminated: [B] float.
+
+    Double DQN: a* = argmax_a Q_online(s', a), y = r + gamma * (1 - terminated) * Q_target(s', a*).
+    Only termination stops the bootstrap; a time-limit truncation is bootstrapped.
+    """
+    if double_q:
+        best = ops.argmax(q_next_online, -1).astype(ms.int32)
+        next_q = ops.gather_elements(q_next_target, 1, best.reshape(-1, 1)).squeeze(-1)
+    else:
+        next_q = ops.amax(q_next_target, axis=-1)
+    return reward + gamma * (1.0 - terminated) * next_q
+
+
+def huber(x):
+    """Smooth-L1 with delta 1 (torch's `smooth_l1_loss`, as SB3)."""
+    a = ops.abs(x)
+    return ops.where(a < 1.0, 0.5 * x * x, a - 0.5)
+
+
+class DQNLoss(nn.Cell):
+    """Huber TD loss of one minibatch against a fixed target; returns (loss, mean Q(s, a))."""
+
+    def __init__(self, network: Network):
+        super().__init__()
+        self.network = network
+
+    def construct(self, obs, action, target):
+        q = self.network.q_values(obs)  # [B, n]
+        q_taken = ops.gather_elements(q, 1, action.reshape(-1, 1)).squeeze(-1)  # [B]
+        return huber(q_taken - target).mean(), q_taken.mean()
+
+
+class DQNUpdate(nn.Cell):
+    """The target-network update due, then K gradient steps, in one graph call.
+
+    Inputs are K minibatches stacked as [K, B, ...] (sampled on the host) and `target_mix`, the
+    fraction the target moves towards the online network first (0: none, 1: hard copy).
+    Returns [td_loss, q_mean, target_mean] averaged over the K steps.
+    """
+
+    def __init__(self, network: Network, target: Network, optimizer: nn.Optimizer, cfg: DQNConfig):
+        super().__init__()
+        self.network = network
+        self.target = target
+        self.loss = DQNLoss(network)
+        self.optimizer = optimizer
+        self.grad = ops.value_and_grad(self.loss, None, optimizer.parameters, has_aux=True)
+        self.online_params = ms.ParameterTuple(network.trainable_params())
+        self.target_params = ms.ParameterTuple(target.trainable_params())
+        self.gamma = cfg.gamma
+        self.double_q = cfg.double_q
+        self.max_grad_norm = cfg.max_grad_norm
+        # Environment step of the last target update; a Parameter so checkpoints carry it.
+        self.target_synced_at = Parameter(Tensor(0, ms.int64), name="target_synced_at", requires_grad=False)
+
+    def construct(self, obs, action, reward, next_obs, terminated, target_mix):
+        for i in range(len(self.target_params)):
+            # lerp written so that target_mix = 1 is an exact copy and 0 leaves the target as is
+            ops.assign(self.target_params[i],
+                       self.target_params[i] * (1.0 - target_mix) + self.online_params[i] * target_mix)
+        total = ops.zeros((3,), ms.float32)
+        n_steps = obs.shape[0]
+        i = Tensor(0, ms.int32)
+        while i < n_steps:  # a tensor condition: a graph loop, not unrolled at compile time
+            q_next_target = self.target.q_values(next_obs[i])
+            q_next_online = self.network.q_values(next_obs[i]) if self.double_q else q_next_target
+            target = ops.stop_gradient(td_target(q_next_online, q_next_target, reward[i], terminated[i],
+                                                 self.gamma, self.double_q))
+            (loss, q_mean), grads = self.grad(obs[i], action[i], target)
+            grads = ops.clip_by_global_norm(grads, self.max_grad_norm)
+            self.optimizer(grads)
+            total = total + ops.stack((loss, q_mean, target.mean()))
+            i = i + 1
+        return total / n_steps
+
+
+def copy_parameters(source: nn.Cell, destination: nn.Cell) -> None:
+    """destination <- source, parameter by parameter (same class, so the same order)."""
+    for src, dst in zip(source.get_parameters(), destination.get_parameters(), strict=True):
+        dst.set_data(Tensor(src.asnumpy()))
+
+
+class DQN:
+    """Double DQN: a Q head (optionally dueling) on the shared network, plus a target copy."""
+
+    on_policy = False
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ConfigError(f"dqn needs a Discrete action space; {cfg.env.id} has {action_space}")
+        self.cfg: DQNConfig = cfg.train
+        spec = NetSpec(hidden=tuple(cfg.net.hidden), activation=cfg.net.activation, policy=PolicyKind.NONE,
+                       value=False, q=QKind.DISCRETE, dueling=self.cfg.dueling,
+                       normalize_obs=cfg.net.normalize_obs, obs_clip=cfg.net.obs_clip,
+                       ortho_init=cfg.net.ortho_init)
+        self.network = Network(obs_space, action_space, spec)
+        self.target = Network(obs_space, action_space, spec)
+        copy_parameters(self.network, self.target)
+        self.lr = parse_schedule(self.cfg.lr, "train.lr")
+        self.optimizer = nn.Adam(self.network.trainable_params(), learning_rate=Tensor(self.lr(1.0), ms.float32))
+        self.update = DQNUpdate(self.network, self.target, self.optimizer, self.cfg)
+        self.epsilon = self.cfg.exploration_initial_eps
+        self.network.set_epsilon(self.epsilon)
+
+    def state_cell(self) -> nn.Cell:
+        """Everything a checkpoint must hold: network, target network, optimizer, target-sync step."""
+        return self.update
+
+    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
+        self.network.set_obs_stats(mean, var)
+        self.target.set_obs_stats(mean, var)
+
+    def before_step(self, progress_remaining: float) -> None:
+        """Set the acting graph's epsilon for the coming vector step."""
+        c = self.cfg
+        epsilon = linear_epsilon(progress_remaining, c.exploration_initial_eps, c.exploration_final_eps,
+                                 c.exploration_fraction)
+        if epsilon != self.epsilon:
+            self.epsilon = epsilon
+            self.network.set_epsilon(epsilon)
+
+    def learn(self, replay: ReplayBuffer, progress_remaining: float, rng: np.random.Generator,
+              steps: int) -> dict[str, float]:
+        """`gradient_steps` gradient steps on minibatches from `replay`; `steps` is the environment
+        step counter (for the target update). Returns `train/...` metrics."""
+        lr = self.lr(progress_remaining)
+        self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+        synced_at = int(self.update.target_synced_at.asnumpy())
+        n_due = target_update_count(synced_at, steps, self.cfg.target_update_interval)
+        mix = 1.0 - (1.0 - self.cfg.tau) ** n_due
+        if n_due:
+            self.update.target_synced_at.set_data(Tensor(steps, ms.int64))
+        b = replay.sample((self.cfg.gradient_steps, self.cfg.batch_size), rng)  # [K, B, ...]
+        stats = self.update(Tensor(b.obs), Tensor(b.action), Tensor(b.reward), Tensor(b.next_obs),
+                            Tensor(b.terminated), Tensor(mix, ms.float32))
+        td_loss, q_mean, target_mean = stats.asnumpy()
+        return {"train/td_loss": float(td_loss), "train/q_mean": float(q_mean),
+                "train/target_mean": float(target_mean), "train/learning_rate": lr,
+                "rollout/epsilon": self.epsilon}
+
+
+registry.register("dqn", DQNConfig, DQN)

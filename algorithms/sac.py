@@ -1,0 +1,239 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, https://arxiv.org/abs/1812.05905) on the shared network module.
+
+The version with twin Q critics, Polyak-averaged target critics, no separate V network, and
+automatic entropy tuning (target entropy -|A|). Follows Stable-Baselines3's SAC:
+- the actor is a tanh-squashed Gaussian with state-dependent std, log_std clamped to [-20, 2],
+  actions rescaled to the Box bounds (`Network.sample_action`; the log-probability carries the
+  tanh correction in its numerically stable form);
+- the temperature is learned as log(alpha) with the loss -log(alpha) * (logp + target_entropy),
+  and each gradient step uses alpha from *before* that step's temperature update;
+- the critic loss is 0.5 * sum_i MSE(Q_i, y); the actor loss uses the critics just updated;
+- random uniform actions before `learning_starts` (the trainer's off-policy loop).
+Differences from SB3:
+- the whole gradient step (critics, actor, temperature, target critics) is *one* compiled graph
+  call (`SACUpdate`), and all `gradient_steps` of an update share that call (a graph `while`
+  loop over minibatches stacked [K, B, ...] on the host);
+- the sampling noise of the actor is drawn on the host from the trainer's seeded generator;
+- `target_update_interval` counts gradient steps over the whole run (SB3 counts within one
+  `train` call, which makes intervals > 1 with gradient_steps = 1 update every step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from rlstack import registry
+from rlstack.config import Config, ConfigError
+from rlstack.network import NetSpec, Network, PolicyKind, QKind
+from rlstack.replay import OffPolicyConfig, ReplayBuffer
+from rlstack.schedules import parse_schedule
+
+
+@dataclass
+class SACConfig(OffPolicyConfig):
+    tau: float = 0.005
+    """Polyak rate of the target critics."""
+    target_update_interval: int = 1
+    """Gradient steps between target-critic updates."""
+    ent_coef: str = "auto"
+    """Entropy coefficient alpha: `auto` (learned, starting at 1), `auto_X` (learned, starting at X)
+    or a number (fixed)."""
+    target_entropy: str = "auto"
+    """Entropy target of the learned alpha: `auto` is -dim(A), or a number."""
+    n_critics: int = 2
+    """Number of Q critics (the minimum over them is used: clipped double-Q)."""
+
+    def validate(self, cfg: Config) -> None:
+        super().validate(cfg)
+        try:
+            parse_ent_coef(self.ent_coef)
+            if self.target_entropy != "auto":
+                float(self.target_entropy)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if self.n_critics < 1:
+            raise ConfigError(f"'train.n_critics' must be >= 1, got {self.n_critics}")
+
+
+def parse_ent_coef(value: str) -> tuple[bool, float]:
+    """`auto` / `auto_X` / `X` -> (learned?, initial alpha)."""
+    text = str(value).strip()
+    try:
+        if text == "auto":
+            learned, alpha = True, 1.0
+        elif text.startswith("auto_"):
+            learned, alpha = True, float(text[5:])
+        else:
+            learned, alpha = False, float(text)
+    except ValueError:
+        raise ValueError(f"'train.ent_coef' is {value!r}: expected auto, auto_X or a number") from None
+    if alpha <= 0:
+        raise ValueError(f"'train.ent_coef' is {value!r}: alpha must be > 0")
+    return learned, alpha
+
+
+class CriticLoss(nn.Cell):
+    """0.5 * sum over critics of MSE(Q_i(s, a), y); returns (loss, mean Q)."""
+
+    def __init__(self, network: Network):
+        super().__init__()
+        self.network = network
+
+    def construct(self, obs, action, target):
+        q = self.network.q_sa(obs, action)  # [n_critics, B]
+        err = q - target
+        loss = 0.5 * (err * err).mean(axis=1).sum()
+        return loss, q.mean()
+
+
+class ActorLoss(nn.Cell):
+    """E[alpha * logp(a|s) - min_i Q_i(s, a)], a reparameterised; returns (loss, logp [B])."""
+
+    def __init__(self, network: Network):
+        super().__init__()
+        self.network = network
+
+    def construct(self, obs, noise, alpha):
+        action, logp = self.network.sample_action(obs, noise)  # [B, d], [B]
+        q = ops.amin(self.network.q_sa(obs, action), axis=0)  # [B]
+        return (alpha * logp - q).mean(), logp
+
+
+class SACUpdate(nn.Cell):
+    """K complete SAC gradient steps in one graph call.
+
+    Inputs: K minibatches stacked [K, B, ...], standard-normal noise [K, B, d] for
+    the actor on obs and on next_obs, and `polyak` [K] (1.0 where a target update is due).
+    Each step: target y from the target critics and the current actor -> critic Adam step ->
+    actor Adam step (through the updated critics) -> temperature Adam step -> Polyak.
+    Returns [critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp_mean] averaged over K.
+    """
+
+    def __init__(self, network: Network, target: Network, cfg: SACConfig, lr: float, target_entropy: float):
+        super().__init__()
+        self.network = network
+        self.target = target
+        learned, alpha = parse_ent_coef(cfg.ent_coef)
+        self.learn_alpha = learned
+        self.log_alpha = Parameter(Tensor(math.log(alpha), ms.float32), name="log_alpha", requires_grad=learned)
+        self.critic_optimizer = nn.Adam(network.critics.trainable_params(), learning_rate=Tensor(lr, ms.float32))
+        self.actor_optimizer = nn.Adam(network.pi.trainable_params(), learning_rate=Tensor(lr, ms.float32))
+        if learned:
+            self.alpha_optimizer = nn.Adam([self.log_alpha], learning_rate=Tensor(lr, ms.float32))
+        self.critic_loss = CriticLoss(network)
+        self.actor_loss = ActorLoss(network)
+        self.critic_grad = ops.value_and_grad(self.critic_loss, None, self.critic_optimizer.parameters,
+                                              has_aux=True)
+        self.actor_grad = ops.value_and_grad(self.actor_loss, None, self.actor_optimizer.parameters,
+                                             has_aux=True)
+        self.critic_params = ms.ParameterTuple(network.critics.trainable_params())
+        self.target_params = ms.ParameterTuple(target.critics.trainable_params())
+        self.gamma, self.tau = cfg.gamma, cfg.tau
+        self.target_entropy = target_entropy
+        # Gradient steps done so far (for target_update_interval); a Parameter so checkpoints carry it.
+        self.n_gradient_steps = Parameter(Tensor(0, ms.int64), name="n_gradient_steps", requires_grad=False)
+
+    def construct(self, obs, action, reward, next_obs, terminated, noise, next_noise, polyak):
+        total = ops.zeros((6,), ms.float32)
+        n_steps = obs.shape[0]
+        i = Tensor(0, ms.int32)
+        while i < n_steps:  # a tensor condition: a graph loop, not unrolled at compile time
+            # alpha as it was before this step's temperature update (SB3 detaches it the same way)
+            alpha = ops.stop_gradient(ops.exp(self.log_alpha))
+            next_action, next_logp = self.network.sample_action(next_obs[i], next_noise[i])
+            next_q = ops.amin(self.target.q_sa(next_obs[i], next_action), axis=0) - alpha * next_logp
+            # only termination stops the bootstrap; time-limit truncation is bootstrapped
+            y = ops.stop_gradient(reward[i] + self.gamma * (1.0 - terminated[i]) * next_q)  # [B]
+            (critic_loss, q_mean), critic_grads = self.critic_grad(obs[i], action[i], y)
+            self.critic_optimizer(critic_grads)
+            (actor_loss, logp), actor_grads = self.actor_grad(obs[i], noise[i], alpha)
+            self.actor_optimizer(actor_grads)
+            logp = ops.stop_gradient(logp)
+            alpha_loss = -(self.log_alpha * (logp + self.target_entropy)).mean()
+            if self.learn_alpha:
+                # d alpha_loss / d log_alpha, written out: one scalar, no second autodiff pass
+                self.alpha_optimizer((-(logp + self.target_entropy).mean(),))
+            mix = polyak[i] * self.tau
+            for j in range(len(self.target_params)):
+                # target + mix * (critic - target): one Lerp kernel per parameter (2 ops, not 5)
+                ops.assign(self.target_params[j], ops.lerp(self.target_params[j], self.critic_params[j], mix))
+            total = total + ops.stack((critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp.mean()))
+            i = i + 1
+        ops.assign_add(self.n_gradient_steps, Tensor(n_steps, ms.int64))
+        return total / n_steps
+
+
+class SAC:
+    """SAC: squashed-Gaussian policy and twin Q critics on the shared network, plus target critics."""
+
+    on_policy = False
+
+    def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
+        if not isinstance(action_space, gym.spaces.Box):
+            raise ConfigError(f"sac needs a Box action space; {cfg.env.id} has {action_space}")
+        self.cfg: SACConfig = cfg.train
+        spec = NetSpec(hidden=tuple(cfg.net.hidden), activation=cfg.net.activation,
+                       policy=PolicyKind.SQUASHED_GAUSSIAN, value=False, q=QKind.CONTINUOUS,
+                       n_critics=self.cfg.n_critics, normalize_obs=cfg.net.normalize_obs,
+                       obs_clip=cfg.net.obs_clip, ortho_init=cfg.net.ortho_init)
+        self.network = Network(obs_space, action_space, spec)
+        self.target = Network(obs_space, action_space, spec)
+        for src, dst in zip(self.network.get_parameters(), self.target.get_parameters(), strict=True):
+            dst.set_data(Tensor(src.asnumpy()))
+        self.action_dim = self.network.action_dim
+        self.target_entropy = (-float(self.action_dim) if self.cfg.target_entropy == "auto"
+                               else float(self.cfg.target_entropy))
+        self.lr = parse_schedule(self.cfg.lr, "train.lr")
+        self.current_lr = self.lr(1.0)
+        self.update = SACUpdate(self.network, self.target, self.cfg, self.current_lr, self.target_entropy)
+        self.optimizers = [self.update.critic_optimizer, self.update.actor_optimizer]
+        if self.update.learn_alpha:
+            self.optimizers.append(self.update.alpha_optimizer)
+        self._gradient_steps: int | None = None  # host copy of update.n_gradient_steps
+
+    def state_cell(self) -> nn.Cell:
+        """Everything a checkpoint must hold: network, target critics, optimizers, log(alpha)."""
+        return self.update
+
+    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
+        self.network.set_obs_stats(mean, var)
+        self.target.set_obs_stats(mean, var)
+
+    def before_step(self, progress_remaining: float) -> None:
+        """Nothing to schedule while acting (the policy's own noise explores)."""
+
+    @property
+    def alpha(self) -> float:
+        return float(np.exp(self.update.log_alpha.asnumpy()))
+
+    def learn(self, replay: ReplayBuffer, progress_remaining: float, rng: np.random.Generator,
+              steps: int) -> dict[str, float]:
+        """`gradient_steps` SAC gradient steps on minibatches from `replay`; returns `train/...` metrics."""
+        lr = self.lr(progress_remaining)
+        if lr != self.current_lr:
+            self.current_lr = lr
+            for optimizer in self.optimizers:
+                optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+        if self._gradient_steps is None:  # first call, possibly after loading a checkpoint
+            self._gradient_steps = int(self.update.n_gradient_steps.asnumpy())
+        k, b, d = self.cfg.gradient_steps, self.cfg.batch_size, self.action_dim
+        batch = replay.sample((k, b), rng)  # [K, B, ...]
+        noise = rng.standard_normal((2, k, b, d), dtype=np.float32)  # actor noise on obs, next_obs
+        polyak = (self._gradient_steps + np.arange(k)) % self.cfg.target_update_interval == 0
+        self._gradient_steps += k
+        stats = self.update(Tensor(batch.obs), Tensor(batch.action), Tensor(batch.reward), Tensor(batch.next_obs),
+                            Tensor(batch.terminated), Tensor(noise[0]), Tensor(noise[1]),
+                            Tensor(polyak.astype(np.float32)))
+        critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp_mean = (float(x) for x in stats.asnumpy())
+        return {"train/critic_loss": critic_loss, "train/actor_loss": actor_loss, "train/alpha": alpha,
+                "train/alpha_loss": alpha_loss, "train/q_mean": q_mean, "train/entropy": -logp_mean,
+                "train/learning_rate": lr}
+
+
+registry.register("sac", SACConfig, SAC)

@@ -1,0 +1,436 @@
+"""Self-play for the env stage: the learner's single-agent view of a two-player game, opponents,
+and the opponent pool of exported policy versions.
+
+Each episode the learner takes the first or the second seat at random and plays one opponent
+drawn from an `OpponentPool`; the learner only ever sees positions where it is to move, as the
+flat masked observation `[planes, mask]` (rlstack/spaces.py). Rewards: +1 win, -1 loss, 0 draw,
+given on the learner's step that ends the game (its own winning move, or the move the opponent
+answers with a win).
+
+`SelfPlayVectorEnv` steps N games in numpy arrays and computes the opponents' moves batched:
+per step, one call per distinct opponent (for exported versions: one graph call through
+`rlstack.load_policy`'s `nn.GraphCell`). A new episode in which the opponent opens needs an
+opening move right away; those come from a per-opponent stock of opening moves that is refilled
+inside the same batched call (the empty board is the same position in every game), so an
+episode ending on the opponent's move costs no extra graph call.
+
+Players (the opponent interface) take flat observations [n, D] float32 and a numpy Generator
+and return actions [n]: `RandomPlayer`, `Minimax` (rlstack/envs/minimax.py), `PolicyPlayer`
+(an exported version).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from rlstack.envs.games import Boards, GameSpec, game_spec
+from rlstack.envs.minimax import Minimax
+
+if TYPE_CHECKING:
+    from rlstack.artifact import Policy
+
+POOL_MODES = ("latest", "uniform", "gated")
+SEATS = ("random", "first", "second")
+
+
+class Player(Protocol):
+    """Anything that picks moves for a batch of positions."""
+
+    name: str
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Flat observations [n, D] float32 (planes, then the legal-move mask) -> actions [n]."""
+        ...
+
+
+class RandomPlayer:
+    """Uniform over the legal moves."""
+
+    def __init__(self, spec: GameSpec):
+        self.spec = spec
+        self.name = "random"
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        mask = np.asarray(obs)[:, -self.spec.n_actions:] > 0.5
+        if not mask.any(1).all():
+            raise ValueError("RandomPlayer was asked to move in a finished game (no legal move)")
+        # Gumbel-max over the legal moves: one vectorised draw for the whole batch.
+        scores = np.where(mask, rng.random(mask.shape), -1.0)
+        return scores.argmax(1)
+
+
+MIN_GRAPH_ROWS = 128
+"""Batches for a compiled graph are padded to a power of two >= this many rows (see `pad_rows`)."""
+
+
+def pad_rows(obs: np.ndarray, minimum: int = MIN_GRAPH_ROWS) -> np.ndarray:
+    """Pad [n, D] with zero rows to the next power of two >= max(n, minimum).
+
+    A graph is compiled once per input shape (~0.3-0.5 s each, measured here), while a call
+    costs about the same at 8 or 128 rows; opponents answer a varying number of games each step,
+    so a few fixed shapes keep it to one compile per version instead of one per batch size.
+    (A dynamic-shape graph via `set_inputs` compiles once but measured ~2x slower per call.)
+    """
+    n = len(obs)
+    rows = max(minimum, 1 << max(n - 1, 0).bit_length())
+    if rows == n:
+        return obs
+    return np.concatenate([obs, np.zeros((rows - n, *obs.shape[1:]), obs.dtype)])
+
+
+class PolicyPlayer:
+    """An exported policy version run through its compiled graph (one call per `act`)."""
+
+    def __init__(self, policy: Policy, sample: bool = True):
+        self.policy = policy
+        self.sample = sample
+        self.name = policy.version
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        n = len(obs)
+        batch = pad_rows(np.ascontiguousarray(obs, np.float32))
+        noise = self.policy.noise(len(batch), not self.sample, rng)
+        return self.policy.run(batch, noise).action[:n].astype(np.int64)
+
+
+def load_player(path: str | Path, spec: GameSpec, sample: bool = True) -> PolicyPlayer:
+    """A run dir, `policy/` dir or version dir -> its policy as a player (checked against `spec`)."""
+    from rlstack.artifact import load_policy  # MindSpore loads only when a policy is needed
+
+    return PolicyPlayer(load_policy(path, obs_shape=spec.flat_space().shape), sample)
+
+
+def make_player(spec: GameSpec, what: str, seed: int | None = None, sample: bool = True) -> Player:
+    """`random`, `minimax` / `minimax:D` (depth D, default 2), `perfect`, or a policy path."""
+    if what == "random":
+        return RandomPlayer(spec)
+    if what == "perfect":
+        return Minimax(spec, spec.n_cells, seed)
+    if what.startswith("minimax"):
+        _, _, depth = what.partition(":")
+        if depth and not depth.isdigit():
+            raise ValueError(f"opponent '{what}': expected minimax:DEPTH with an integer depth, e.g. minimax:2")
+        return Minimax(spec, int(depth or 2), seed)
+    if Path(what).exists():
+        return load_player(what, spec, sample)
+    raise ValueError(f"opponent '{what}' is not 'random', 'minimax[:DEPTH]', 'perfect' or an existing "
+                     "policy path (run dir, policy/ dir or version dir)")
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How the opponent pool picks opponents (filled from the `selfplay:` config section)."""
+
+    mode: str = "latest"
+    """`latest` (the newest exported version), `uniform` (uniform over the last `size` versions) or
+    `gated` (uniform over the last `size` versions admitted by the gate)."""
+    size: int = 5
+    gate_score: float = 0.55
+    """Gated mode: the newest version joins the pool once the learner's score (wins + draws / 2)
+    against the pool reaches this over at least `gate_min_games` games."""
+    gate_min_games: int = 200
+    sample: bool = True
+    """Opponents sample their moves from their policy (False: they play their argmax move)."""
+    epsilon: float = 0.0
+    """Probability that an opponent's move is replaced by a uniformly random legal one, so the
+    learner also meets (and learns to punish) positions its own versions avoid."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in POOL_MODES:
+            raise ValueError(f"pool mode '{self.mode}' is unknown; valid: {', '.join(POOL_MODES)}")
+        if self.size < 1:
+            raise ValueError(f"pool size must be >= 1, got {self.size}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"opponent epsilon must be in [0, 1], got {self.epsilon}")
+        if not 0.0 < self.gate_score <= 1.0:
+            raise ValueError(f"gate score must be in (0, 1], got {self.gate_score}")
+
+
+class OpponentPool:
+    """Opponents for the learner: a fixed player, or exported versions from `<run>/policy/`.
+
+    Until the first version is exported the pool holds the uniform random player. `refresh()`
+    (called by the trainer after each update) picks up new versions; loaded graphs are cached,
+    so a version stays playable after `train.keep_versions` removed it from disk.
+    """
+
+    def __init__(self, spec: GameSpec, policy_dir: str | Path | None = None,
+                 settings: PoolSettings | None = None, fixed: Player | None = None):
+        self.spec = spec
+        self.policy_dir = Path(policy_dir) if policy_dir is not None else None
+        self.settings = settings or PoolSettings()
+        self.fixed = fixed
+        self.members: list[Player] = [fixed or RandomPlayer(spec)]
+        self.gated: list[str] = []
+        self.results: Counter[str] = Counter()
+        """Learner's outcomes ('win', 'draw', 'loss') against the pool since the last admission."""
+        self.totals: Counter[str] = Counter()
+        self._loaded: dict[str, PolicyPlayer] = {}
+
+    @classmethod
+    def of(cls, spec: GameSpec, player: Player) -> OpponentPool:
+        """A pool that always draws `player`."""
+        return cls(spec, fixed=player)
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    def sample(self, rng: np.random.Generator) -> Player:
+        return self.members[int(rng.integers(len(self.members)))]
+
+    def record(self, outcomes: np.ndarray) -> None:
+        """The learner's finished games against the pool: +1 win, 0 draw, -1 loss each."""
+        o = np.asarray(outcomes).reshape(-1)
+        for key, count in (("win", (o > 0).sum()), ("draw", (o == 0).sum()), ("loss", (o < 0).sum())):
+            if count:
+                self.results[key] += int(count)
+                self.totals[key] += int(count)
+
+    @property
+    def score(self) -> float | None:
+        """(wins + draws / 2) / games against the pool since the last admission."""
+        games = sum(self.results.values())
+        return None if games == 0 else (self.results["win"] + 0.5 * self.results["draw"]) / games
+
+    def _load(self, version_dir: Path) -> PolicyPlayer:
+        name = version_dir.name
+        if name not in self._loaded:
+            self._loaded[name] = load_player(version_dir, self.spec, self.settings.sample)
+        return self._loaded[name]
+
+    def refresh(self) -> list[str]:
+        """Re-read `policy/` and update the members; returns the names that joined."""
+        if self.fixed is not None or self.policy_dir is None:
+            return []
+        from rlstack.artifact import list_versions
+
+        versions = list_versions(self.policy_dir)
+        if not versions:
+            return []
+        before = set(self.names)
+        s = self.settings
+        if s.mode == "latest":
+            chosen = versions[-1:]
+        elif s.mode == "uniform":
+            chosen = versions[-s.size:]
+        else:
+            newest = versions[-1].name
+            games = sum(self.results.values())
+            if newest not in self.gated and games >= s.gate_min_games and (self.score or 0.0) >= s.gate_score:
+                self.gated.append(newest)
+                self.results.clear()
+            on_disk = {v.name: v for v in versions}
+            chosen = [on_disk.get(name, self.policy_dir / name) for name in self.gated[-s.size:]]
+            if not chosen:
+                return []
+        self.members = [self._load(v) for v in chosen]
+        for name in set(self._loaded) - set(self.names):
+            del self._loaded[name]
+        return [n for n in self.names if n not in before]
+
+    def state(self) -> dict[str, Any]:
+        return {"gated": list(self.gated), "results": dict(self.results), "totals": dict(self.totals)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.gated = list(state.get("gated", []))
+        self.results = Counter(state.get("results", {}))
+        self.totals = Counter(state.get("totals", {}))
+
+
+def _check_seat(seat: str) -> None:
+    if seat not in SEATS:
+        raise ValueError(f"seat '{seat}' is unknown; valid: {', '.join(SEATS)}")
+
+
+class SelfPlayVectorEnv(gym.vector.VectorEnv):
+    """N games of `game` against opponents from a pool; the learner is to move in every returned obs.
+
+    Autoreset is SAME_STEP (as `make_vector_env`): the step that ends a game returns the first
+    observation of the next one and puts the learner's view of the final board in
+    `info["final_obs"]`. `info["learner_seat"]` is 0 (moves first) or 1 per env.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int, game: str = "connect4", opponent: str = "random",
+                 seat: str = "random", opponent_sample: bool = True):
+        self.game: GameSpec = game_spec(game)  # not `spec`: gymnasium sets env.spec to its EnvSpec
+        _check_seat(seat)
+        self.num_envs = num_envs
+        self.seat = seat
+        self.single_observation_space = self.game.flat_space()
+        self.single_action_space = gym.spaces.Discrete(self.game.n_actions)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.pool = OpponentPool.of(self.game, make_player(self.game, opponent, sample=opponent_sample))
+        self.boards = Boards(self.game, num_envs)
+        self.learner_seat = np.zeros(num_envs, np.int64)
+        self.opponent: list[Player] = [self.pool.members[0]] * num_envs
+        self.rng = np.random.default_rng()
+        empty = Boards(self.game, 1)
+        self._empty_obs = empty.flat_obs()  # the opening position, identical in every game
+        self._openings: dict[str, list[int]] = {}
+        self._random = RandomPlayer(self.game)
+        self.opponent_calls = 0
+        """Opponent `act` calls so far (graph calls for exported versions), for tests and benchmarks."""
+
+    def set_pool(self, pool: OpponentPool) -> None:
+        """Draw opponents from `pool` from the next episode on (the trainer attaches its pool)."""
+        if pool.spec != self.game:
+            raise ValueError(f"pool is for {pool.spec.name}, this env plays {self.game.name}")
+        self.pool = pool
+
+    # ----- gymnasium API -------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self._openings.clear()
+        self._start(np.arange(self.num_envs))
+        return self.boards.flat_obs(), {"learner_seat": self.learner_seat.copy()}
+
+    def step(self, actions: np.ndarray):
+        b, n = self.boards, self.num_envs
+        actions = np.asarray(actions).reshape(n)
+        everyone = np.arange(n)
+        b.play(actions, everyone)  # the learner is to move in every game; illegal -> IllegalMoveError
+        reward = np.zeros(n, np.float32)
+        ended = b.over.copy()
+        respond = np.flatnonzero(~ended)
+        self._opponents_move(respond)
+        done = b.over.copy()
+        finished = np.flatnonzero(done)
+        infos: dict[str, Any] = {}
+        if len(finished):
+            reward[finished] = b.result_for(self.learner_seat[finished], finished)
+            self.pool.record(reward[finished])
+            final = b.flat_obs(finished, self.learner_seat[finished])
+            final_obs = np.empty(n, object)
+            final_obs[finished] = list(final)
+            infos = {"final_obs": final_obs, "_final_obs": done.copy()}
+            self._start(finished)
+        infos["learner_seat"] = self.learner_seat.copy()
+        return b.flat_obs(), reward, done, np.zeros(n, bool), infos
+
+    # ----- episodes and opponents ------------------------------------------------------------
+
+    def _start(self, idx: np.ndarray) -> None:
+        """New games in `idx`: seats, opponents from the pool, opponents' opening moves."""
+        b = self.boards
+        b.reset(idx)
+        if self.seat == "random":
+            self.learner_seat[idx] = self.rng.integers(0, 2, len(idx))
+        else:
+            self.learner_seat[idx] = 0 if self.seat == "first" else 1
+        for i in idx:
+            self.opponent[i] = self.pool.sample(self.rng)
+        opening = idx[self.learner_seat[idx] == 1]
+        if not len(opening):
+            return
+        by_player = self._group(opening)
+        for name, games in by_player.items():
+            player = self.opponent[games[0]]
+            stock = self._openings.setdefault(name, [])
+            if len(stock) < len(games):
+                # Only when this opponent has not been called yet (reset, or it just joined the
+                # pool): every call tops its stock up to num_envs, more than one step can use.
+                self._call(player, games[:0], len(games))
+            b.play(np.array([stock.pop() for _ in games]), games)
+
+    def _opponents_move(self, idx: np.ndarray) -> None:
+        """One batched call per distinct opponent for the games in `idx` (opponent to move)."""
+        for games in self._group(idx).values():
+            self._call(self.opponent[games[0]], games)
+
+    def _group(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        groups: dict[str, list[int]] = {}
+        for i in idx:
+            groups.setdefault(self.opponent[i].name, []).append(int(i))
+        return {k: np.array(v, np.int64) for k, v in groups.items()}
+
+    def _call(self, player: Player, games: np.ndarray, min_stock: int = 0) -> None:
+        """Moves for `games`, plus opening moves topping the player's stock up, in one call."""
+        stock = self._openings.setdefault(player.name, [])
+        refill = max(self.num_envs, min_stock) - len(stock)
+        rows = self.boards.flat_obs(games)
+        if refill > 0:
+            rows = np.concatenate([rows, np.repeat(self._empty_obs, refill, 0)])
+        if not len(rows):
+            return
+        actions = np.asarray(player.act(rows, self.rng)).reshape(-1)
+        self.opponent_calls += 1
+        epsilon = self.pool.settings.epsilon
+        if epsilon > 0.0:
+            explore = self.rng.random(len(rows)) < epsilon
+            if explore.any():
+                actions[explore] = self._random.act(rows[explore], self.rng)
+        if len(games):
+            self.boards.play(actions[: len(games)], games)
+        stock.extend(int(a) for a in actions[len(games):])
+
+
+class SelfPlayEnv(gym.Env):
+    """One game against one opponent per episode (what `gym.make(id)` returns); no autoreset.
+
+    `opponent`: `random` (default), `minimax[:DEPTH]`, `perfect`, or a policy path; the trainer
+    replaces it with its opponent pool through `set_pool`.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, game: str = "connect4", opponent: str = "random", seat: str = "random",
+                 opponent_sample: bool = True, render_mode: str | None = None):
+        self.game = game_spec(game)
+        _check_seat(seat)
+        self.seat = seat
+        self.render_mode = render_mode
+        self.observation_space = self.game.flat_space()
+        self.action_space = gym.spaces.Discrete(self.game.n_actions)
+        self.pool = OpponentPool.of(self.game, make_player(self.game, opponent, sample=opponent_sample))
+        self.boards = Boards(self.game, 1)
+        self.learner_seat = 0
+        self.opponent: Player = self.pool.members[0]
+
+    def set_pool(self, pool: OpponentPool) -> None:
+        self.pool = pool
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.boards.reset()
+        if self.seat == "random":
+            self.learner_seat = int(self.np_random.integers(0, 2))
+        else:
+            self.learner_seat = 0 if self.seat == "first" else 1
+        self.opponent = self.pool.sample(self.np_random)
+        if self.learner_seat == 1:
+            self._opponent_move()
+        return self.boards.flat_obs()[0], {"learner_seat": self.learner_seat, "opponent": self.opponent.name}
+
+    def _opponent_move(self) -> None:
+        self.boards.play(np.asarray(self.opponent.act(self.boards.flat_obs(), self.np_random)).reshape(1))
+
+    def step(self, action: int):
+        b = self.boards
+        b.play(np.array([action]))
+        if not b.over[0]:
+            self._opponent_move()
+        info = {"learner_seat": self.learner_seat, "opponent": self.opponent.name}
+        if b.over[0]:
+            reward = float(b.result_for(np.array([self.learner_seat]))[0])
+            self.pool.record(np.array([reward]))
+            return b.flat_obs(None, self.learner_seat)[0], reward, True, False, info
+        return b.flat_obs()[0], 0.0, False, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self.boards.render(0)
+        return None

@@ -1,0 +1,144 @@
+"""`python -m rlstack.bench actors`: PPO CartPole-v1 steps/s with actors 0/1/2 and parity fast vs strict.
+
+Also measures what the actor design rests on: re-exporting the policy (`ms.export`), loading and
+compiling a new `nn.GraphCell`, and refreshing the weights of an already compiled GraphCell
+in place (what the in-process actor and the actor processes do after every update).
+
+Steady-state steps/s is measured between the end of update `--warmup` and the last update
+(graph compilation and actor start-up excluded); the whole-run figure is reported too. Cases
+are interleaved over `--repeats` rounds and the median is taken, because the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def run_case(config: str | None, actors: int, parity: str, steps: int, warmup: int) -> dict[str, Any]:
+    from rlstack.config import load_config
+    from rlstack.trainer import Trainer
+
+    cfg = load_config(config, [f"actors={actors}", f"parity={parity}", f"train.total_steps={steps}",
+                               "train.progress=off", "env.eval_episodes=2"])
+    with tempfile.TemporaryDirectory() as out:
+        trainer = Trainer(cfg, out)
+        summary = trainer.train()
+    history = trainer.history
+    start = history[min(warmup, len(history) - 2)]
+    end = history[-1]
+    return {
+        "actors": actors, "parity": parity, "steps": summary["total_steps"],
+        "steps_per_second": round(summary["steps_per_second"], 1),
+        "steady_steps_per_second": round((end[0] - start[0]) / max(end[2] - start[2], 1e-9), 1),
+        "time_split_seconds": {k: round(v, 2) for k, v in summary["time_split_seconds"].items()},
+        "parity_max_abs_logp": summary.get("parity/max_abs_logp"),
+        "ppo_ratio_dev_max": summary.get("parity/ppo_ratio_dev_max"),
+        "rollout_return_mean": summary["rollout/ep_return_mean"],
+    }
+
+
+def _ms(samples: list[float]) -> float:
+    return round(1e3 * statistics.median(samples), 3)
+
+
+def measure_refresh(repeats: int = 10) -> dict[str, Any]:
+    """Milliseconds: export a version, load + first call of a new GraphCell, in-place refresh,
+    and one acting call at batch 8 through the GraphCell and through the live Cell."""
+    import gymnasium as gym
+    import numpy as np
+    from mindspore import Tensor
+
+    from rlstack.artifact import export_policy, load_policy
+    from rlstack.network import NetSpec, Network
+    from rlstack.runtime import configure
+    from rlstack.serving.actor import GraphActing
+
+    configure()
+    env = gym.make("CartPole-v1")
+    net = Network(env.observation_space, env.action_space, NetSpec())
+    obs, noise = np.zeros((8, 4), np.float32), np.zeros((8, 2), np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        def export() -> Path:
+            return export_policy(net, Path(tmp) / "policy", algorithm="ppo", obs_space=env.observation_space,
+                                 action_space=env.action_space, device="cpu", fusion=False, config_hash="b",
+                                 keep=2)
+
+        export()  # the first export compiles the graph once per process
+        exports, reloads, refreshes = [], [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            version = export()
+            t1 = time.perf_counter()
+            policy = load_policy(version)
+            policy.run(obs, noise)  # a new GraphCell compiles on its first call
+            t2 = time.perf_counter()
+            exports.append(t1 - t0)
+            reloads.append(t2 - t1)
+        acting = GraphActing(policy)
+        for i in range(repeats * 5):
+            t0 = time.perf_counter()
+            acting.sync_from(net, i)
+            refreshes.append(time.perf_counter() - t0)
+        graph_calls, live_calls = [], []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            acting(obs, noise)
+            t1 = time.perf_counter()
+            net(Tensor(obs), Tensor(noise))
+            t2 = time.perf_counter()
+            graph_calls.append(t1 - t0)
+            live_calls.append(t2 - t1)
+    return {"export_ms": _ms(exports), "load_and_compile_ms": _ms(reloads), "in_place_refresh_ms": _ms(refreshes),
+            "act_call_graphcell_ms": _ms(graph_calls), "act_call_live_cell_ms": _ms(live_calls)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlstack.bench actors")
+    parser.add_argument("--config", default=None, help="config file (default: configs/ppo_cartpole.yaml)")
+    parser.add_argument("--steps", type=int, default=40_960, help="environment steps per case")
+    parser.add_argument("--warmup", type=int, default=10, help="updates excluded from the steady-state rate")
+    parser.add_argument("--actors", default="0,1,2", help="comma-separated actor counts")
+    parser.add_argument("--parity", default="fast,strict", help="comma-separated parity modes")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over all cases (median reported)")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+
+    actor_counts = [int(a) for a in args.actors.split(",")]
+    modes = args.parity.split(",")
+    runs: list[dict[str, Any]] = []
+    for _ in range(args.repeats):
+        for parity in modes:
+            for actors in actor_counts:
+                runs.append(run_case(args.config, actors, parity, args.steps, args.warmup))
+                print(json.dumps(runs[-1]), flush=True)
+    table: dict[str, dict[str, float]] = {}
+    for parity in modes:
+        for actors in actor_counts:
+            mine = [r for r in runs if r["parity"] == parity and r["actors"] == actors]
+            table[f"{parity}/actors={actors}"] = {
+                "steady_steps_per_second": statistics.median(r["steady_steps_per_second"] for r in mine),
+                "steps_per_second": statistics.median(r["steps_per_second"] for r in mine)}
+    comparisons: dict[str, float] = {}
+    for actors in actor_counts:
+        if {"fast", "strict"} <= set(modes):
+            fast = table[f"fast/actors={actors}"]["steady_steps_per_second"]
+            strict = table[f"strict/actors={actors}"]["steady_steps_per_second"]
+            comparisons[f"strict_cost_percent/actors={actors}"] = round(100 * (fast - strict) / fast, 1)
+    for parity in modes:
+        if {1, 2} <= set(actor_counts):
+            one = table[f"{parity}/actors=1"]["steady_steps_per_second"]
+            comparisons[f"speedup_actors_2_vs_1/{parity}"] = round(table[f"{parity}/actors=2"]
+                                                                  ["steady_steps_per_second"] / one, 3)
+    result = {"benchmark": "actors", "steps_per_case": args.steps, "repeats": args.repeats, "table": table,
+              "comparisons": comparisons, "refresh": measure_refresh(), "runs": runs}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0

@@ -1,0 +1,10 @@
+"""`python -m rlstack.bench dqn`: DQN CartPole-v1 (Zoo config) throughput and evaluation, as JSON."""
+
+from __future__ import annotations
+
+from rlstack.bench.offpolicy import run
+from rlstack.config import DEFAULT_CONFIG
+
+
+def main(argv: list[str]) -> int:
+    return run("dqn", str(DEFAULT_CONFIG.parent / "dqn_cartpole.yaml"), argv)

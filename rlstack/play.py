@@ -1,0 +1,109 @@
+"""`python -m rlstack.play RUN_DIR --game connect4`: a person plays a trained agent in the terminal.
+
+The agent is the exported graph (`load_policy`: a run dir, its `policy/` dir or one version dir),
+playing its argmax move unless `--sample`. The board is drawn after every move with the legal
+moves listed; input is checked (a number, in range, legal) and asked again when wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import numpy as np
+
+from rlstack.envs.games import ENV_IDS, GAMES, TwoPlayerGame, game_spec
+from rlstack.envs.selfplay import PolicyPlayer
+
+SYMBOLS = ("X", "O")
+
+
+def game_of_manifest(manifest: dict) -> str | None:
+    """The game a policy was trained on, from its manifest's `env_id` (None if not a game)."""
+    return ENV_IDS.get(str(manifest.get("env_id", "")))
+
+
+def play_game(agent: PolicyPlayer, game: TwoPlayerGame, human_first: bool,
+              read: Callable[[str], str] = input, write: Callable[[str], None] = print,
+              rng: np.random.Generator | None = None) -> float:
+    """One game; returns the human's result (+1 win, 0 draw, -1 loss). `read`/`write` are the terminal."""
+    rng = rng or np.random.default_rng()
+    human = 0 if human_first else 1
+    spec = game.spec
+    write(f"You are {SYMBOLS[human]}, the agent ({agent.name}) is {SYMBOLS[1 - human]}. "
+          f"A move is a {spec.move_word} number; q quits.")
+    while not game.done:
+        write("")
+        write(game.render())
+        if game.current_player == human:
+            move = _ask(game, read, write)
+            if move is None:
+                write("quit.")
+                return 0.0
+        else:
+            move = int(agent.act(game.flat_obs()[None], rng)[0])
+            write(f"agent plays {spec.move_word} {move}")
+        game.step(move)
+    write("")
+    write(game.render())
+    result = game.reward(human)
+    write({1.0: "You win!", 0.0: "Draw.", -1.0: "The agent wins."}[result])
+    return result
+
+
+def _ask(game: TwoPlayerGame, read: Callable[[str], str], write: Callable[[str], None]) -> int | None:
+    legal = game.legal_actions()
+    word = game.spec.move_word
+    while True:
+        try:
+            text = read(f"your move ({word}s {', '.join(map(str, legal))}): ").strip()
+        except EOFError:
+            return None
+        if text.lower() in ("q", "quit", "exit"):
+            return None
+        if not text.lstrip("-").isdigit():
+            write(f"'{text}' is not a {word} number; legal {word}s: {legal}")
+            continue
+        move = int(text)
+        if move not in legal:
+            why = f"out of range 0..{game.spec.n_actions - 1}" if not 0 <= move < game.spec.n_actions else \
+                ("full" if game.spec.gravity else "taken")
+            write(f"{word} {move} is {why}; legal {word}s: {legal}")
+            continue
+        return move
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlstack.play", description=__doc__.split("\n")[0])
+    parser.add_argument("run", help="run directory, its policy/ directory, or a version directory")
+    parser.add_argument("--game", choices=sorted(GAMES), default=None,
+                        help="the game (default: from the policy's manifest)")
+    parser.add_argument("--first", choices=("human", "agent"), default="human", help="who moves first")
+    parser.add_argument("--sample", action="store_true", help="the agent samples its moves (default: argmax)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the agent's sampling")
+    args = parser.parse_args(argv)
+
+    from rlstack.artifact import ArtifactError, load_policy, read_manifest, resolve_version_dir
+    from rlstack.runtime import configure
+
+    try:
+        manifest = read_manifest(resolve_version_dir(args.run))
+        name = args.game or game_of_manifest(manifest)
+        if name is None:
+            raise ArtifactError(f"{args.run}: the manifest does not name a game env (env_id "
+                                f"{manifest.get('env_id')!r}); pass --game {' or '.join(sorted(GAMES))}")
+        spec = game_spec(name)
+        configure("cpu", "auto")
+        policy = load_policy(args.run, obs_shape=spec.flat_space().shape)
+    except ArtifactError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    game = TwoPlayerGame(spec)
+    play_game(PolicyPlayer(policy, sample=args.sample), game, args.first == "human",
+              rng=np.random.default_rng(args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Self-play evaluation and its trainer hook: matches, W/D/L, the Elo table, the opponent pool's upkeep.
+
+`play_match` runs many games side by side (one call per player per ply, seats alternating).
+`SelfPlayHook` is attached by the trainer when the env is a self-play game: it gives the vector
+env its `OpponentPool` of exported versions, refreshes the pool after every update, and every
+`selfplay.eval_every` updates (and at the end) evaluates the live agent:
+
+- W/D/L against the uniform random player and against minimax of `selfplay.minimax_depth`
+  (the agent plays its argmax move; the opponents break ties at random, so games differ);
+- an Elo table (Bradley-Terry fit, 400-point logistic scale, random player anchored at 0) of
+  random, minimax, the last `selfplay.elo_snapshots` exported versions and the current agent, from
+  a round robin in which every player samples its moves. Results of pairs that cannot change
+  (random, minimax, saved snapshots) are cached, only the current agent's games are replayed.
+
+Scalars go to TensorBoard under `eval/…`, every evaluation to `<run>/selfplay/eval.json`, and the
+last one plus the history to `summary.json` under `selfplay/…`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rlstack.config import ConfigError
+from rlstack.envs.games import Boards, GameSpec
+from rlstack.envs.minimax import Minimax
+from rlstack.envs.selfplay import (
+    OpponentPool,
+    Player,
+    PoolSettings,
+    RandomPlayer,
+    SelfPlayVectorEnv,
+    load_player,
+    pad_rows,
+)
+from rlstack.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from rlstack.trainer import Trainer
+
+CURRENT = "current"
+POOL_STATE_FILE = "selfplay_pool.json"
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """Games of player A against player B, counted from A's side."""
+
+    wins: int
+    draws: int
+    losses: int
+
+    @property
+    def games(self) -> int:
+        return self.wins + self.draws + self.losses
+
+    @property
+    def score(self) -> float:
+        """(wins + draws / 2) / games."""
+        return (self.wins + 0.5 * self.draws) / max(self.games, 1)
+
+    def as_dict(self) -> dict[str, float]:
+        g = max(self.games, 1)
+        return {"wins": self.wins, "draws": self.draws, "losses": self.losses, "games": self.games,
+                "win_rate": self.wins / g, "draw_rate": self.draws / g, "loss_rate": self.losses / g,
+                "score": self.score}
+
+
+def play_match(spec: GameSpec, a: Player, b: Player, games: int, rng: np.random.Generator) -> MatchResult:
+    """`games` games of A against B side by side; A moves first in the even-numbered games."""
+    if games < 1:
+        raise ValueError(f"a match needs at least one game, got {games}")
+    boards = Boards(spec, games)
+    seat_a = np.arange(games) % 2
+    while not boards.over.all():
+        for player, seat in ((a, seat_a), (b, 1 - seat_a)):
+            idx = np.flatnonzero(~boards.over & (boards.to_move == seat))
+            if len(idx):
+                boards.play(np.asarray(player.act(boards.flat_obs(idx), rng)).reshape(-1), idx)
+    result = boards.result_for(seat_a)
+    return MatchResult(int((result > 0).sum()), int((result == 0).sum()), int((result < 0).sum()))
+
+
+class LivePlayer:
+    """The network being trained, through the trainer's acting wrapper (one graph call per `act`)."""
+
+    def __init__(self, acting: Any, sample: bool = False, name: str = CURRENT):
+        self.acting, self.sample, self.name = acting, sample, name
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        n = len(obs)
+        batch = pad_rows(np.ascontiguousarray(obs, np.float32))  # few shapes: few compiles
+        action, _, _ = self.acting(batch, self.acting.noise(len(batch), rng if self.sample else None))
+        return action[:n].astype(np.int64)
+
+
+def elo_ratings(names: list[str], results: dict[tuple[str, str], MatchResult], anchor: str,
+                prior_draws: float = 1.0, iterations: int = 500) -> dict[str, float]:
+    """Bradley-Terry ratings on the Elo scale (400 * log10 of strength), `anchor` at 0.
+
+    `prior_draws` virtual draws per played pair keep a perfect score finite (a standard
+    regulariser). Fitted by the minorisation-maximisation updates of Hunter (2004).
+    """
+    index = {n: i for i, n in enumerate(names)}
+    k = len(names)
+    games = np.zeros((k, k))
+    score = np.zeros((k, k))
+    for (a, b), r in results.items():
+        i, j = index[a], index[b]
+        n = r.games + prior_draws
+        s = r.wins + 0.5 * r.draws + 0.5 * prior_draws
+        games[i, j] += n
+        games[j, i] += n
+        score[i, j] += s
+        score[j, i] += n - s
+    strength = np.ones(k)
+    wins = score.sum(1)
+    for _ in range(iterations):
+        denom = (games / (strength[:, None] + strength[None, :])).sum(1)
+        new = np.where(denom > 0, wins / np.maximum(denom, 1e-12), strength)
+        new = new / np.exp(np.mean(np.log(np.maximum(new, 1e-300))))
+        if np.allclose(new, strength, rtol=1e-10, atol=0):
+            strength = new
+            break
+        strength = new
+    elo = 400.0 * np.log10(np.maximum(strength, 1e-300))
+    elo -= elo[index[anchor]]
+    return {n: float(elo[index[n]]) for n in names}
+
+
+class SelfPlayHook:
+    """Keeps the opponent pool current and evaluates the agent every `selfplay.eval_every` updates."""
+
+    def __init__(self, trainer: Trainer, envs: SelfPlayVectorEnv):
+        cfg = trainer.cfg.selfplay
+        self.cfg = cfg
+        self.spec: GameSpec = envs.game
+        self.out = trainer.out / "selfplay"
+        try:
+            settings = PoolSettings(mode=cfg.opponents, size=cfg.pool_size, gate_score=cfg.gate_score,
+                                    gate_min_games=cfg.gate_min_games, sample=cfg.opponent_sample,
+                                    epsilon=cfg.opponent_epsilon)
+        except ValueError as err:
+            raise ConfigError(f"selfplay: {err}") from None
+        for key in ("eval_games", "minimax_depth", "elo_games"):
+            if getattr(cfg, key) < 1:
+                raise ConfigError(f"'selfplay.{key}' must be >= 1, got {getattr(cfg, key)}")
+        if trainer.cfg.env.kwargs.get("opponent") is not None:
+            # env.kwargs.opponent (random, minimax:D, perfect, a policy path) fixes the opponent:
+            # no self-play pool, the evaluations still run.
+            self.pool = envs.pool
+        else:
+            self.pool = OpponentPool(self.spec, trainer.policy_dir, settings)
+            envs.set_pool(self.pool)
+        self.rng = np.random.default_rng(trainer.cfg.seed + 20_000)
+        self.random = RandomPlayer(self.spec)
+        self.minimax = Minimax(self.spec, cfg.minimax_depth, seed=trainer.cfg.seed + 30_000)
+        self._pairs: dict[tuple[str, str], MatchResult] = {}
+        self._snapshots: dict[str, Player] = {}
+        self.history: list[dict[str, Any]] = []
+        self.last_eval_update = -1
+        trainer.add_checkpoint_extra(POOL_STATE_FILE, self)
+        self.pool.refresh()
+        if not trainer.cfg.train.export_every and self.pool.fixed is None:
+            trainer.log.message("selfplay: train.export_every is 0, so no version is exported during "
+                                "training and the opponent stays the uniform random player")
+
+    # checkpoint extra: the gated pool's members and counters survive a resume
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"pool": self.pool.state(), "history": self.history}))
+
+    def load(self, path: Path) -> None:
+        state = json.loads(path.read_text())
+        self.pool.load_state(state.get("pool", {}))
+        self.history = list(state.get("history", []))
+        self.pool.refresh()
+
+    def __call__(self, trainer: Trainer) -> None:
+        """After every update: refresh the pool, log it, evaluate every `eval_every` updates."""
+        added = self.pool.refresh()
+        if added:
+            trainer.log.message(f"selfplay: pool {self.pool.names} (joined: {', '.join(added)})")
+        metrics = {"selfplay/pool_size": float(len(self.pool.members))}
+        if self.pool.score is not None:
+            metrics["selfplay/score_vs_pool"] = self.pool.score
+        trainer.log.scalars(metrics, trainer.counters.steps)
+        every = self.cfg.eval_every
+        if every and trainer.counters.updates % every == 0:
+            self.evaluate(trainer)
+
+    def evaluate(self, trainer: Trainer) -> dict[str, Any]:
+        """W/D/L vs random and minimax, the Elo table; logged and appended to the history."""
+        c, cfg, rng = trainer.counters, self.cfg, self.rng
+        agent = LivePlayer(trainer.acting)
+        record: dict[str, Any] = {"steps": c.steps, "updates": c.updates}
+        for opponent in (self.random, self.minimax):
+            result = play_match(self.spec, agent, opponent, cfg.eval_games, rng)
+            record[f"vs_{opponent.name}"] = result.as_dict()
+        elo, vs_snapshots = self._elo(trainer)
+        record["elo"] = elo
+        record["vs_snapshots"] = vs_snapshots
+        record["pool"] = self.pool.names
+        self.history.append(record)
+        self.last_eval_update = c.updates
+        scalars: dict[str, float] = {}
+        for key in (f"vs_{self.random.name}", f"vs_{self.minimax.name}"):
+            for stat in ("win_rate", "draw_rate", "loss_rate"):
+                scalars[f"eval/{key}/{stat}"] = record[key][stat]
+        for name, result in vs_snapshots.items():
+            scalars[f"eval/vs_snapshot/{name}/score"] = result["score"]
+        for name, rating in elo.items():
+            scalars[f"eval/elo/{name}"] = rating
+        trainer.log.scalars(scalars, c.steps)
+        r, m = record[f"vs_{self.random.name}"], record[f"vs_{self.minimax.name}"]
+        trainer.log.message(
+            f"selfplay eval @ {c.steps:,} steps: vs random W/D/L {r['wins']}/{r['draws']}/{r['losses']}, "
+            f"vs {self.minimax.name} {m['wins']}/{m['draws']}/{m['losses']}, Elo current {elo[CURRENT]:.0f}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.out / "eval.json", json.dumps(self.history, indent=2))
+        return record
+
+    def _elo(self, trainer: Trainer) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        from rlstack.artifact import list_versions
+
+        cfg, rng = self.cfg, self.rng
+        versions = list_versions(trainer.policy_dir)[-cfg.elo_snapshots:]
+        for v in versions:
+            if v.name not in self._snapshots:
+                self._snapshots[v.name] = load_player(v, self.spec, sample=True)
+        players: dict[str, Player] = {self.random.name: self.random, self.minimax.name: self.minimax}
+        players.update({v.name: self._snapshots[v.name] for v in versions})
+        players[CURRENT] = LivePlayer(trainer.acting, sample=True)
+        names = list(players)
+        results: dict[tuple[str, str], MatchResult] = {}
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                key = (a, b)
+                if CURRENT in key or key not in self._pairs:
+                    result = play_match(self.spec, players[a], players[b], cfg.elo_games, rng)
+                    if CURRENT not in key:
+                        self._pairs[key] = result
+                results[key] = self._pairs.get(key) or result
+        vs_snapshots = {b: results[(a, b)] for (a, b) in results if a == CURRENT}
+        vs_snapshots.update({a: _flip(results[(a, b)]) for (a, b) in results if b == CURRENT})
+        snapshots = {v.name for v in versions}
+        vs_snapshots = {k: v.as_dict() for k, v in vs_snapshots.items() if k in snapshots}
+        return elo_ratings(names, results, anchor=self.random.name), vs_snapshots
+
+    def finish(self, trainer: Trainer) -> dict[str, Any]:
+        """Final evaluation (unless the last update was just evaluated) -> `summary.json` entries."""
+        if self.last_eval_update != trainer.counters.updates:
+            self.evaluate(trainer)
+        last = self.history[-1]
+        return {
+            "selfplay/vs_random": last[f"vs_{self.random.name}"],
+            f"selfplay/vs_{self.minimax.name}": last[f"vs_{self.minimax.name}"],
+            "selfplay/vs_snapshots": last["vs_snapshots"],
+            "selfplay/elo": last["elo"],
+            "selfplay/pool": self.pool.names,
+            "selfplay/pool_record": dict(self.pool.totals),
+            "selfplay/history": self.history,
+        }
+
+
+def _flip(result: MatchResult) -> MatchResult:
+    return MatchResult(result.losses, result.draws, result.wins)
+
+
+def attach_selfplay(trainer: Trainer) -> SelfPlayHook | None:
+    """Attach the hook when the trainer's env is a self-play game; None otherwise."""
+    envs = trainer.envs
+    if not isinstance(envs, SelfPlayVectorEnv):
+        return None
+    hook = SelfPlayHook(trainer, envs)
+    trainer.update_hooks.append(hook)
+    return hook
+

@@ -1,0 +1,150 @@
+"""Shared-memory transport of the actor stage: weights learner -> actors, trajectories actors -> learner.
+
+Two kinds of block, both plain `multiprocessing.shared_memory` holding numpy arrays at fixed
+offsets (nothing is pickled on the hot path; the queues only carry small notices):
+
+- `WeightBoard`: the learner's newest acting weights as one flat float32 vector plus a header
+  (publish count, weights version = learner updates, the "explore uniformly" flag). The
+  learner writes it under a lock after every update; an actor compares the publish count
+  without the lock (one aligned int64 load) and copies the vector under the lock only when it
+  changed.
+- `SharedArrays`: named arrays (one trajectory slot of an actor: obs, action, logp, ...). The
+  slot protocol (free queue -> actor fills -> ready queue -> learner copies out -> free queue)
+  guarantees one writer or one reader at a time, so slots need no lock.
+
+Blocks are created by the learner (which unlinks them at the end) and attached by the actor
+processes by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+
+_ALIGN = 64  # cache-line aligned arrays
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of a shared block: name, shape, numpy dtype name."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def _layout(specs: tuple[ArraySpec, ...]) -> tuple[list[int], int]:
+    offsets, end = [], 0
+    for spec in specs:
+        offsets.append(end)
+        end += -(-spec.nbytes // _ALIGN) * _ALIGN
+    return offsets, max(end, _ALIGN)
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    # Attaching registers the block with the resource tracker again (Python < 3.13); spawned
+    # actors share the learner's tracker, whose set of names absorbs the duplicate, and only
+    # the learner unlinks. (Unregistering here would make the learner's unlink a KeyError.)
+    return shared_memory.SharedMemory(name=name, create=False)
+
+
+class SharedArrays:
+    """Named numpy arrays over one shared-memory block (`create=True` in the owner)."""
+
+    def __init__(self, specs: tuple[ArraySpec, ...], name: str | None = None, create: bool = False):
+        self.specs = tuple(specs)
+        offsets, size = _layout(self.specs)
+        self.shm = shared_memory.SharedMemory(create=True, size=size) if create else _attach(str(name))
+        self.owner = create
+        self.arrays: dict[str, np.ndarray] = {
+            spec.name: np.ndarray(spec.shape, np.dtype(spec.dtype), buffer=self.shm.buf, offset=offset)
+            for spec, offset in zip(self.specs, offsets, strict=True)}
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def copy(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.arrays.items()}
+
+    def close(self) -> None:
+        """Detach (and unlink, in the owner). The arrays must not be used afterwards."""
+        self.arrays = {}
+        self.shm.close()
+        if self.owner:
+            self.shm.unlink()
+
+
+class WeightBoard:
+    """The learner's newest acting weights, read by every actor process.
+
+    `layout` is the ordered (parameter name, shape) list of the exported graph's parameters.
+    """
+
+    def __init__(self, layout: tuple[tuple[str, tuple[int, ...]], ...], lock: Any, name: str | None = None,
+                 create: bool = False):
+        self.layout = tuple((n, tuple(s)) for n, s in layout)
+        self.lock = lock
+        self.sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in self.layout]
+        specs = (ArraySpec("header", (3,), "int64"), ArraySpec("flat", (max(1, sum(self.sizes)),), "float32"))
+        self.block = SharedArrays(specs, name, create)
+        if create:
+            self.block["header"][:] = (0, -1, 0)
+
+    @property
+    def name(self) -> str:
+        return self.block.name
+
+    @property
+    def seq(self) -> int:
+        """How many times weights were published (changes with every `publish`); lock-free read."""
+        return int(self.block["header"][0])
+
+    @property
+    def version(self) -> int:
+        """Version of the weights on the board (-1: none yet); lock-free read."""
+        return int(self.block["header"][1])
+
+    @property
+    def explore(self) -> bool:
+        """The learner asks for uniformly random actions (off-policy warm-up); lock-free read."""
+        return bool(self.block["header"][2])
+
+    def publish(self, weights: dict[str, np.ndarray], version: int, explore: bool = False) -> None:
+        """Write the weights (every name of the layout) and their version."""
+        flat = self.block["flat"]
+        with self.lock:
+            start = 0
+            for (name, shape), size in zip(self.layout, self.sizes, strict=True):
+                value = np.asarray(weights[name], np.float32)
+                if value.shape != shape:
+                    raise ValueError(f"weight '{name}' has shape {value.shape}, the actors' graph expects {shape}")
+                flat[start:start + size] = value.reshape(-1)
+                start += size
+            header = self.block["header"]
+            header[1:] = (version, int(explore))
+            header[0] += 1
+
+    def read(self) -> tuple[int, int, dict[str, np.ndarray]]:
+        """(seq, version, weights) copied out under the lock."""
+        with self.lock:
+            seq, version, _ = (int(x) for x in self.block["header"])
+            flat = self.block["flat"].copy()
+        weights, start = {}, 0
+        for (name, shape), size in zip(self.layout, self.sizes, strict=True):
+            weights[name] = flat[start:start + size].reshape(shape)
+            start += size
+        return seq, version, weights
+
+    def close(self) -> None:
+        self.block.close()

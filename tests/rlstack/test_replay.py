@@ -1,0 +1,132 @@
+"""The replay buffer (ring wraparound, terminated vs truncated, checkpoint file) and what the
+trainer's off-policy loop stores in it."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlstack.config import load_config
+from rlstack.replay import REPLAY_FILE, ReplayBuffer, random_actions, target_update_count
+from rlstack.trainer import Trainer
+
+
+def _step(t: int, n_envs: int = 2):
+    """One vector step whose every field encodes (t, env): obs = 10 t + env."""
+    obs = (10.0 * t + np.arange(n_envs, dtype=np.float32))[:, None].repeat(3, axis=1)
+    action = np.full(n_envs, t, np.int32)
+    reward = np.full(n_envs, float(t), np.float32)
+    terminated = np.array([t % 3 == 0, False])
+    truncated = np.array([False, t % 2 == 1])
+    return obs, action, reward, obs + 0.5, terminated, truncated
+
+
+def test_ring_buffer_wraps_around_and_overwrites_the_oldest():
+    replay = ReplayBuffer(5, (3,), (), np.int32)
+    for t in range(2):
+        replay.add(*_step(t))
+    assert (len(replay), replay.pos) == (4, 4)
+    replay.add(*_step(2))  # rows 4, 0: the first transition of step 0 is overwritten
+    assert (len(replay), replay.pos) == (5, 1)
+    np.testing.assert_array_equal(replay.obs[:, 0], [21, 1, 10, 11, 20])
+    np.testing.assert_array_equal(replay.action, [2, 0, 1, 1, 2])
+    replay.add(*_step(3))  # rows 1, 2
+    assert (len(replay), replay.pos) == (5, 3)
+    np.testing.assert_array_equal(replay.obs[:, 0], [21, 30, 31, 11, 20])
+    np.testing.assert_array_equal(replay.next_obs[:, 0], [21.5, 30.5, 31.5, 11.5, 20.5])
+    np.testing.assert_array_equal(replay.reward, [2, 3, 3, 1, 2])
+
+
+def test_terminated_and_truncated_are_stored_apart():
+    replay = ReplayBuffer(16, (3,), (), np.int32)
+    for t in range(4):
+        replay.add(*_step(t))
+    # env 0 terminates at t = 0, 3; env 1 is truncated at t = 1, 3
+    np.testing.assert_array_equal(replay.terminated[:8], [1, 0, 0, 0, 0, 0, 1, 0])
+    np.testing.assert_array_equal(replay.truncated[:8], [0, 0, 0, 1, 0, 0, 0, 1])
+    batch = replay.gather(np.array([[0, 3], [6, 7]]))
+    assert batch.obs.shape == (2, 2, 3) and batch.action.shape == (2, 2)
+    assert batch.terminated.dtype == np.float32 and batch.truncated.dtype == np.float32
+    np.testing.assert_array_equal(batch.terminated, [[1, 0], [1, 0]])
+    np.testing.assert_array_equal(batch.truncated, [[0, 1], [0, 1]])
+
+
+def test_sampling_is_uniform_over_filled_rows_and_seeded():
+    replay = ReplayBuffer(100, (3,), (), np.int32)
+    for t in range(5):
+        replay.add(*_step(t))
+    a = replay.sample_index((4, 64), np.random.default_rng(7))
+    b = replay.sample_index((4, 64), np.random.default_rng(7))
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (4, 64) and a.min() >= 0 and a.max() < 10
+    assert len(np.unique(a)) == 10
+    with pytest.raises(ValueError, match="empty"):
+        ReplayBuffer(4, (3,), (), np.int32).sample_index((1, 2), np.random.default_rng(0))
+
+
+def test_memory_is_stated_in_bytes_per_transition():
+    cartpole = ReplayBuffer.for_spaces(100_000, gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    # obs + next_obs 2 * 4 * 4 B, action int32 4 B, reward float32 4 B, two bool flags 2 B
+    assert cartpole.bytes_per_transition == 42
+    assert cartpole.nbytes == 4_200_000
+    assert cartpole.obs.nbytes + cartpole.next_obs.nbytes + cartpole.action.nbytes + cartpole.reward.nbytes \
+        + cartpole.terminated.nbytes + cartpole.truncated.nbytes == cartpole.nbytes
+    pendulum = ReplayBuffer.for_spaces(10, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (1,)))
+    assert pendulum.bytes_per_transition == 2 * 12 + 4 + 4 + 2
+    assert pendulum.action.dtype == np.float32 and pendulum.action.shape == (10, 1)
+
+
+def test_save_and_load_round_trip_after_wraparound(tmp_path):
+    replay = ReplayBuffer(5, (3,), (), np.int32)
+    for t in range(4):
+        replay.add(*_step(t))
+    replay.save(tmp_path / REPLAY_FILE)
+    loaded = ReplayBuffer(5, (3,), (), np.int32)
+    loaded.load(tmp_path / REPLAY_FILE)
+    assert (loaded.size, loaded.pos) == (replay.size, replay.pos)
+    for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated"):
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(replay, name))
+    with pytest.raises(ValueError, match="does not fit"):
+        ReplayBuffer(6, (3,), (), np.int32).load(tmp_path / REPLAY_FILE)
+
+
+def test_random_actions_and_target_update_count():
+    rng = np.random.default_rng(0)
+    discrete = random_actions(gym.spaces.Discrete(3), 1000, rng)
+    assert discrete.dtype == np.int32 and set(np.unique(discrete)) == {0, 1, 2}
+    box = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+    cont = random_actions(box, 1000, rng)
+    assert cont.shape == (1000, 2) and cont.dtype == np.float32
+    assert all(box.contains(a) for a in cont)
+    assert target_update_count(0, 9, 10) == 0
+    assert target_update_count(9, 10, 10) == 1
+    assert target_update_count(10, 19, 10) == 0
+    assert target_update_count(5, 256, 10) == 25
+
+
+def test_off_policy_loop_stores_final_obs_and_flags(tmp_path):
+    """Random-action collection on Pendulum cut at 7 steps: the stored next_obs of a truncated
+    step is the episode's last observation (not the reset one), and it is flagged truncated,
+    not terminated (so it is bootstrapped)."""
+    cfg = load_config("configs/sac_pendulum.yaml", [
+        "train.total_steps=40", "train.learning_starts=1000", "env.n_envs=2",
+        "env.kwargs={max_episode_steps: 7}", "net.hidden=[16, 16]", "train.progress=off",
+        "env.eval_episodes=1", "train.buffer_size=64"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    summary = trainer.train()
+    assert summary["total_steps"] == 40 and summary["episodes"] == 4
+    with np.load(tmp_path / "run" / "checkpoints" / "step_0000000040" / REPLAY_FILE) as data:
+        obs, next_obs = data["obs"].reshape(20, 2, 3), data["next_obs"].reshape(20, 2, 3)
+        truncated = data["truncated"].reshape(20, 2)
+        terminated = data["terminated"].reshape(20, 2)
+        action = data["action"].reshape(20, 2, 1)
+    assert not terminated.any()
+    expected = np.zeros((20, 2), bool)
+    expected[6::7] = True
+    np.testing.assert_array_equal(truncated, expected)
+    assert np.all(np.abs(action) <= 2.0)
+    # Pendulum's obs is (cos, sin, angular velocity): a real transition keeps cos^2 + sin^2 = 1
+    # and changes the angle a little; the reset obs after a cut is unrelated to next_obs.
+    np.testing.assert_allclose(next_obs[..., 0] ** 2 + next_obs[..., 1] ** 2, 1.0, atol=1e-5)
+    continuing = ~truncated[:-1]
+    np.testing.assert_array_equal(next_obs[:-1][continuing], obs[1:][continuing])
+    assert not np.any(np.all(next_obs[:-1][~continuing] == obs[1:][~continuing], axis=-1))

@@ -1,0 +1,525 @@
+"""The policy server end to end: `python -m rlstack.serve` in a subprocess on a free loopback port,
+serving policies exported by a short real training run.
+
+Equality with `load_policy(...).act(...)`: MindSpore outputs are not batch-invariant (~1e-7
+between batch sizes), so an answer is compared bitwise only when the server ran it at the same
+batch size as the reference (a lone request -> batch 1, a lone request of 16 rows -> batch 16). Answers
+that shared a graph call with other clients are compared at rtol/atol 1e-5 on logp/value (100x
+the measured batch variance; a wrong noise row or wrong weights move logp by > 1e-2) and exactly
+on the discrete action (a flip needs two logits+noise within ~1e-7 of each other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+from prometheus_client.parser import text_string_to_metric_families
+
+from rlstack.artifact import Policy, load_policy
+from rlstack.fsutil import atomic_write_text
+from rlstack.network import NoiseKind, sample_noise
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OBS_DIM = 4  # CartPole
+
+_RUNNING = re.compile(r"Uvicorn running on http://([\d.]+):(\d+)")
+
+
+class ServerProcess:
+    """`python -m rlstack.serve ...` in a subprocess on a free loopback port (--port 0, read from its log)."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "rlstack.serve", *args, "--host", "127.0.0.1",
+                                      "--port", "0"], stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        self.url = self._wait_for_port(timeout_s=180.0)
+
+    def _wait_for_port(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = _RUNNING.search(self.log_path.read_text())
+            if match:
+                return f"http://{match.group(1)}:{match.group(2)}"
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"server did not start within {timeout_s} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real PPO CartPole run of two updates, exported after each: policy/v000001..v000003."""
+    from rlstack.config import load_config
+    from rlstack.trainer import Trainer
+
+    out = tmp_path_factory.mktemp("serve_train") / "run"
+    cfg = load_config(None, ["train.total_steps=512", "train.export_every=1", "train.progress=off",
+                             "env.eval_episodes=1", "seed=0"])
+    Trainer(cfg, out).train()
+    assert (out / "policy" / "v000002" / "policy.mindir").is_file()
+    return out
+
+
+def publish(version_src: Path, policy_dir: Path, name: str,
+            mutate: Callable[[Path], None] | None = None) -> Path:
+    """Put a copy of a version directory into `policy_dir` as `name` and point LATEST at it, the
+    way the trainer publishes (directory renamed into place, then LATEST replaced atomically).
+    `mutate` edits the copy before it is published (to make a broken version)."""
+    tmp = policy_dir / f".{name}.tmp"
+    shutil.copytree(version_src, tmp)
+    if mutate is not None:
+        mutate(tmp)
+    os.rename(tmp, policy_dir / name)
+    atomic_write_text(policy_dir / "LATEST", name + "\n")
+    return policy_dir / name
+
+
+@pytest.fixture(scope="module")
+def serve_root(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory the tests publish into; it starts with v000001 only."""
+    root = tmp_path_factory.mktemp("serve_root")
+    (root / "policy").mkdir()
+    publish(trained_run / "policy" / "v000001", root / "policy", "v000001")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(serve_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The server under test: token from the environment, batching window 5 ms, LATEST polled every 0.2 s."""
+    proc = ServerProcess([str(serve_root), "--max-batch", "64", "--max-wait-ms", "5", "--max-rows", "256",
+                          "--max-body-bytes", "65536", "--reload-poll-s", "0.2"],
+                         tmp_path_factory.mktemp("serve_log") / "server.log", env={"RLSTACK_TOKEN": TOKEN})
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture()
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30.0) as c:
+        yield c
+
+
+# ----- helpers -------------------------------------------------------------------------------
+
+class References:
+    """The reference side: versions loaded with rlstack.load_policy in this process."""
+
+    def __init__(self, policy_dir: Path):
+        self.policy_dir = policy_dir
+        self._cache: dict[str, Policy] = {}
+
+    def __call__(self, version: str) -> Policy:
+        if version not in self._cache:
+            self._cache[version] = load_policy(self.policy_dir / version)
+        return self._cache[version]
+
+
+@pytest.fixture(scope="module")
+def refs(serve_root: Path) -> References:
+    return References(serve_root / "policy")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample of the Prometheus text (0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def seeded_rows(policy: Policy, obs: np.ndarray, seeds: list[int]):
+    """The graph on obs [N, 4] with row i's noise drawn from default_rng(seeds[i]), in one call."""
+    noise = np.concatenate([policy.noise(1, False, np.random.default_rng(s)) for s in seeds])
+    return policy.run(obs.astype(np.float32), noise)
+
+
+def assert_close_to_reference(answers: list[tuple[np.ndarray, int, dict]], refs: References) -> None:
+    """Answers (obs [4], seed, body) that may have shared a graph call: tolerance as in the module doc."""
+    by_version: dict[str, list[tuple[np.ndarray, int, dict]]] = {}
+    for item in answers:
+        by_version.setdefault(item[2]["policy_version"], []).append(item)
+    for version, items in by_version.items():
+        ref = seeded_rows(refs(version), np.stack([o for o, _, _ in items]), [s for _, s, _ in items])
+        np.testing.assert_array_equal(np.array([b["action"] for _, _, b in items]), ref.action)
+        np.testing.assert_allclose(np.array([b["logp"] for _, _, b in items], np.float32), ref.logp,
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.array([b["value"] for _, _, b in items], np.float32), ref.value,
+                                   rtol=1e-5, atol=1e-5)
+
+
+# ----- answers ---------------------------------------------------------------------------------
+
+def test_answers_equal_load_policy_act_and_plain_graphcell(client: httpx.Client, refs: References) -> None:
+    rng = np.random.default_rng(7)
+    obs = rng.normal(size=(5, OBS_DIM)).astype(np.float32)
+    for i, o in enumerate(obs):
+        seed = 1000 + i
+        r = client.post("/v1/act", json={"obs": o.tolist(), "seed": seed})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        policy = refs(body["policy_version"])
+        ref = policy.act(o, seed=seed)
+        assert isinstance(body["action"], int)
+        assert body["action"] == int(ref.action)
+        assert np.float32(body["logp"]) == ref.logp and np.float32(body["value"]) == ref.value
+
+        # ... and the bare MindSpore graph, with nothing of rlstack in between but the noise.
+        graph = nn.GraphCell(ms.load(str(policy.path / "policy.mindir")))
+        noise = sample_noise(NoiseKind(policy.manifest["noise"]["kind"]), policy.manifest["noise"]["dim"], 1,
+                             np.random.default_rng(seed))
+        action, logp, value = (t.asnumpy() for t in graph(Tensor(o[None]), Tensor(noise)))
+        assert (body["action"], np.float32(body["logp"]), np.float32(body["value"])) == \
+            (int(action[0]), logp[0], value[0])
+
+    # A batch of 16 rows with one seed: the same rows and noise as act(obs16, seed), and the graph
+    # runs at batch size 16 too (a compiled bucket size, so no padding rows).
+    batch = rng.normal(size=(16, OBS_DIM)).astype(np.float32)
+    r = client.post("/v1/act", json={"obs": batch.tolist(), "seed": 99})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ref = refs(body["policy_version"]).act(batch, seed=99)
+    assert body["action"] == ref.action.tolist()
+    np.testing.assert_array_equal(np.array(body["logp"], np.float32), ref.logp)
+    np.testing.assert_array_equal(np.array(body["value"], np.float32), ref.value)
+
+    # Deterministic: the zero-noise action, whatever the seed.
+    r = client.post("/v1/act", json={"obs": obs[0].tolist(), "deterministic": True, "seed": 5})
+    ref = refs(r.json()["policy_version"]).act(obs[0], deterministic=True)
+    assert r.json()["action"] == int(ref.action)
+    # Seeds matter when sampling: 40 seeds on one observation do not all give one action.
+    actions = {client.post("/v1/act", json={"obs": [0.0, 0.0, 0.05, 0.0], "seed": s}).json()["action"]
+               for s in range(40)}
+    assert actions == {0, 1}
+
+
+def test_policy_health_and_openapi_describe_the_loaded_graph(client: httpx.Client) -> None:
+    manifest = client.get("/v1/policy").json()
+    assert manifest["observation_space"]["shape"] == [OBS_DIM] and manifest["action_space"] == {"type": "Discrete", "n": 2}
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and re.fullmatch(r"v\d{6}", health["policy_version"])
+    schema = client.get("/openapi.json").json()
+    obs = schema["components"]["schemas"]["ActRequest"]["properties"]["obs"]
+    one, batch = obs["anyOf"]
+    assert one["minItems"] == one["maxItems"] == OBS_DIM and batch["items"] == one and batch["maxItems"] == 256
+    action = schema["components"]["schemas"]["ActResponse"]["properties"]["action"]
+    assert action["anyOf"][0] == {"type": "integer", "format": "int32", "minimum": 0, "maximum": 1}
+    assert "/v1/act" in schema["paths"] and schema["security"] == [{"bearer": []}]
+
+
+def test_32_concurrent_clients_are_batched_without_errors(server: ServerProcess, refs: References) -> None:
+    n_clients, n_requests = 32, 50
+    rng = np.random.default_rng(3)
+    obs = rng.normal(size=(n_clients, n_requests, OBS_DIM)).astype(np.float32)
+
+    async def run() -> list[list[tuple[int, dict]]]:
+        limits = httpx.Limits(max_connections=n_clients, max_keepalive_connections=n_clients)
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, limits=limits, timeout=60.0) as c:
+            async def one_client(k: int) -> list[tuple[int, dict]]:
+                out = []
+                for j in range(n_requests):
+                    r = await c.post("/v1/act", json={"obs": obs[k, j].tolist(), "seed": k * 1000 + j})
+                    out.append((r.status_code, r.json()))
+                return out
+            return await asyncio.gather(*(one_client(k) for k in range(n_clients)))
+
+    before = httpx.get(server.url + "/metrics", headers=AUTH).text
+    results = asyncio.run(run())
+    statuses = [status for client_results in results for status, _ in client_results]
+    assert statuses == [200] * (n_clients * n_requests), {s for s in statuses if s != 200}
+    assert_close_to_reference([(obs[k, j], k * 1000 + j, results[k][j][1])
+                               for k in range(n_clients) for j in range(n_requests)], refs)
+
+    after = httpx.get(server.url + "/metrics", headers=AUTH).text
+    calls = metric(after, "rlstack_serve_batch_rows_count") - metric(before, "rlstack_serve_batch_rows_count")
+    rows = metric(after, "rlstack_serve_batch_rows_sum") - metric(before, "rlstack_serve_batch_rows_sum")
+    single = (metric(after, "rlstack_serve_batch_rows_bucket", le="1.0")
+              - metric(before, "rlstack_serve_batch_rows_bucket", le="1.0"))
+    assert rows == n_clients * n_requests
+    # How large the batches get depends on how fast this process's client can send; > 1 is the claim.
+    assert calls - single > 0 and rows > calls, f"{rows} rows in {calls} graph calls, {single} of one row"
+    print(f"32 clients x 50 requests: {rows:.0f} rows in {calls:.0f} graph calls ({calls - single:.0f} of > 1 row)")
+    ok = (metric(after, "rlstack_serve_requests_total", route="/v1/act", status="200")
+          - metric(before, "rlstack_serve_requests_total", route="/v1/act", status="200"))
+    assert ok == n_clients * n_requests
+
+
+# ----- bad input ---------------------------------------------------------------------------------
+
+GOOD = json.dumps({"obs": [0.01, -0.02, 0.03, 0.04], "seed": 1}).encode()
+BAD_INPUTS = {
+    # name: (body bytes, content type, status, words the error must contain)
+    "not json": (b'{"obs": [0.1, 0.2', "application/json", 400, "not valid JSON"),
+    "plain text": (b"hello", "application/json", 400, "not valid JSON"),
+    "sent as a form": (b"obs=1", "application/x-www-form-urlencoded", 415, "not as JSON"),
+    "no content type": (GOOD, None, 415, "without a Content-Type"),
+    "empty body": (b"", "application/json", 400, "empty"),
+    "body is a list": (b"[0.1, 0.2, 0.3, 0.4]", "application/json", 422, "JSON object"),
+    "missing obs": (b'{"deterministic": true}', "application/json", 422, "missing field 'obs'"),
+    "unknown field": (b'{"obs": [0, 0, 0, 0], "observation": [1]}', "application/json", 422, "unknown field 'observation'"),
+    "obs too short": (b'{"obs": [0.1, 0.2, 0.3]}', "application/json", 422, "shape [3]"),
+    "batch of wrong rows": (b'{"obs": [[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]]}', "application/json", 422, "shape [2, 3]"),
+    "ragged batch": (b'{"obs": [[0, 0, 0, 0], [0, 0, 0]]}', "application/json", 422, "rectangular"),
+    "empty batch": (b'{"obs": []}', "application/json", 422, "shape [0]"),
+    "obs is a number": (b'{"obs": 5}', "application/json", 422, "must be a list"),
+    "obs holds a string": (b'{"obs": [0, 0, 0, "a"]}', "application/json", 422, "strings"),
+    "obs holds a bool": (b'{"obs": [0, 0, 0, true]}', "application/json", 422, "true/false"),
+    "obs holds null": (b'{"obs": [0, 0, 0, null]}', "application/json", 422, "numbers"),
+    "NaN": (b'{"obs": [0, 0, 0, NaN]}', "application/json", 422, "NaN"),
+    "infinity": (b'{"obs": [[0, 0, 0, 0], [0, -Infinity, 0, 0]]}', "application/json", 422, "obs[1, 1]"),
+    "beyond float32": (b'{"obs": [0, 0, 0, 1e39]}', "application/json", 422, "float32 range"),
+    "seed is a float": (b'{"obs": [0, 0, 0, 0], "seed": 1.5}', "application/json", 422, "'seed'"),
+    "seed is a string": (b'{"obs": [0, 0, 0, 0], "seed": "7"}', "application/json", 422, "'seed'"),
+    "negative seed": (b'{"obs": [0, 0, 0, 0], "seed": -1}', "application/json", 422, "greater than or equal to 0"),
+    "deterministic is a string": (b'{"obs": [0, 0, 0, 0], "deterministic": "yes"}', "application/json", 422, "'deterministic'"),
+    "too many rows": (json.dumps({"obs": [[0.0] * 4] * 257}).encode(), "application/json", 413, "257 rows; at most 256"),
+    "oversized body": (b'{"obs": [' + b"0.0, " * 20000 + b'0.0]}', "application/json", 413, "bytes"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_gets_a_4xx_naming_the_problem_then_good_requests_work(client: httpx.Client, case: str) -> None:
+    body, content_type, status, words = BAD_INPUTS[case]
+    r = client.post("/v1/act", content=body, headers={"Content-Type": content_type} if content_type else {})
+    assert r.status_code == status, r.text
+    answer = r.json()
+    assert words in answer["error"], answer
+    if status != 413 or "rows" in words:  # the obs problems state the expected shape
+        assert "[4]" in answer["expected"] and "[B, 4]" in answer["expected"], answer
+    good = client.post("/v1/act", content=GOOD, headers={"Content-Type": "application/json"})
+    assert good.status_code == 200 and good.json()["action"] in (0, 1)
+
+
+def test_oversized_chunked_body_and_unknown_routes_are_4xx(client: httpx.Client) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
+        yield b'{"obs": ['
+        for _ in range(200):
+            yield b"0.0, " * 100
+        yield b"0.0]}"
+
+    r = client.post("/v1/act", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "over 65536 bytes" in r.json()["error"]
+    assert client.get("/v1/nothing").status_code == 404
+    assert client.get("/v1/act").status_code == 405
+    assert client.post("/v1/act", content=GOOD, headers={"Content-Type": "application/json"}).status_code == 200
+
+
+def test_token_guards_every_route_but_health(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.url, timeout=30.0) as anon:
+        assert anon.get("/healthz").status_code == 200
+        for method, path in [("POST", "/v1/act"), ("GET", "/v1/policy"), ("POST", "/v1/reload"),
+                             ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs")]:
+            r = anon.request(method, path, content=GOOD, headers={"Content-Type": "application/json"})
+            assert r.status_code == 401 and r.json()["error"] == "missing Authorization header", (path, r.text)
+            assert r.headers["www-authenticate"] == "Bearer"
+        wrong = anon.post("/v1/act", content=GOOD, headers={"Authorization": "Bearer guess"})
+        assert wrong.status_code == 401 and wrong.json()["error"] == "wrong bearer token"
+        right = anon.post("/v1/act", content=GOOD, headers={**AUTH, "Content-Type": "application/json"})
+        assert right.status_code == 200
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    assert metric(text, "rlstack_serve_request_errors_total", route="/v1/act", status="401") >= 2
+
+
+# ----- hot reload --------------------------------------------------------------------------------
+
+class Senders:
+    """Client threads sending seeded single-observation requests until stopped."""
+
+    def __init__(self, url: str, n: int):
+        self.url, self.stop = url, threading.Event()
+        self.results: list[list[tuple[float, int, np.ndarray, int, dict]]] = [[] for _ in range(n)]
+        self.threads = [threading.Thread(target=self._send, args=(k,)) for k in range(n)]
+
+    def _send(self, k: int) -> None:
+        rng = np.random.default_rng(k)
+        with httpx.Client(base_url=self.url, headers=AUTH, timeout=60.0) as c:
+            j = 0
+            while not self.stop.is_set():
+                obs, seed = rng.normal(size=OBS_DIM).astype(np.float32), 10_000 * k + j
+                t0 = time.perf_counter()
+                r = c.post("/v1/act", json={"obs": obs.tolist(), "seed": seed})
+                self.results[k].append((time.perf_counter() - t0, r.status_code, obs, seed, r.json()))
+                j += 1
+
+    def __enter__(self) -> Senders:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def versions_seen(self) -> set[str]:
+        return {r[4].get("policy_version") for rs in self.results for r in rs}
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_new_version_published_while_clients_send_is_picked_up(
+        server: ServerProcess, client: httpx.Client, serve_root: Path, trained_run: Path, refs: References) -> None:
+    assert client.get("/healthz").json()["policy_version"] == "v000001"
+    with Senders(server.url, 6) as senders:
+        wait_for(lambda: all(len(rs) >= 5 for rs in senders.results), 30, "the senders to get going")
+        publish(trained_run / "policy" / "v000002", serve_root / "policy", "v000002")
+        wait_for(lambda: "v000002" in senders.versions_seen(), 60, "answers from v000002")
+        seen = sum(len(rs) for rs in senders.results)
+        wait_for(lambda: sum(len(rs) for rs in senders.results) > seen + 30, 30, "more answers")
+    answers = [r for rs in senders.results for r in rs]
+    assert [r[1] for r in answers] == [200] * len(answers), [r[4] for r in answers if r[1] != 200][:3]
+    for rs in senders.results:  # each client sees the old version, then only the new one
+        versions = [r[4]["policy_version"] for r in rs]
+        assert versions == sorted(versions) and set(versions) <= {"v000001", "v000002"}
+    assert_close_to_reference([(obs, seed, body) for _, _, obs, seed, body in answers], refs)
+    v1, v2 = refs("v000001"), refs("v000002")
+    probe = np.random.default_rng(0).normal(size=(64, OBS_DIM)).astype(np.float32)
+    assert not np.array_equal(v1.act(probe, seed=0).logp, v2.act(probe, seed=0).logp)  # really new weights
+    text = client.get("/metrics").text
+    assert metric(text, "rlstack_serve_reloads_total", result="ok") == 1
+    assert metric(text, "rlstack_serve_policy_version") == 2
+    assert metric(text, "rlstack_serve_policy_info", version="v000002", algorithm="ppo") == 1
+    slowest = max(r[0] for r in answers)
+    print(f"hot reload under load: {len(answers)} requests, slowest {slowest * 1e3:.0f} ms")
+
+
+def _flip_graph_bytes(version: Path) -> None:
+    data = bytearray((version / "policy.mindir").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (version / "policy.mindir").write_bytes(bytes(data))
+
+
+def _garbage_graph_with_matching_checksum(version: Path) -> None:
+    import hashlib
+
+    garbage = np.random.default_rng(0).bytes(4096)
+    (version / "policy.mindir").write_bytes(garbage)
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest["sha256"] = hashlib.sha256(garbage).hexdigest()
+    (version / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _other_observation_shape(version: Path) -> None:
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest["observation_space"]["shape"] = [5]
+    (version / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(("name", "mutate", "words"), [
+    ("v000003", _flip_graph_bytes, "is corrupt: sha256"),
+    ("v000004", _garbage_graph_with_matching_checksum, "MindSpore cannot load it"),
+    ("v000005", _other_observation_shape, "observation shape is [5], the server serves [4]"),
+])
+def test_broken_version_is_refused_and_the_old_one_keeps_serving(
+        server: ServerProcess, client: httpx.Client, serve_root: Path, trained_run: Path,
+        name: str, mutate: Callable[[Path], None], words: str) -> None:
+    before = client.get("/healthz").json()["policy_version"]
+    refused_before = metric(client.get("/metrics").text, "rlstack_serve_reloads_total", result="refused")
+    with Senders(server.url, 4) as senders:
+        wait_for(lambda: all(len(rs) >= 3 for rs in senders.results), 30, "the senders to get going")
+        publish(trained_run / "policy" / "v000003", serve_root / "policy", name, mutate)
+        wait_for(lambda: metric(client.get("/metrics").text, "rlstack_serve_reloads_total", result="refused")
+                 > refused_before, 30, f"{name} to be refused")
+        seen = sum(len(rs) for rs in senders.results)
+        wait_for(lambda: sum(len(rs) for rs in senders.results) > seen + 20, 30, "more answers")
+    answers = [r for rs in senders.results for r in rs]
+    assert {r[1] for r in answers} == {200} and senders.versions_seen() == {before}
+    forced = client.post("/v1/reload")  # an explicit reload retries, and says why it refuses
+    assert forced.status_code == 409, forced.text
+    assert forced.json()["result"] == "refused" and words in forced.json()["detail"], forced.json()
+    assert forced.json()["policy_version"] == before
+    assert client.get("/healthz").json()["policy_version"] == before
+    assert client.post("/v1/act", content=GOOD, headers={"Content-Type": "application/json"}).status_code == 200
+    assert words in server.log() and f"still serving {before}" in server.log()
+
+
+def test_reload_with_nothing_new_is_unchanged(client: httpx.Client, serve_root: Path) -> None:
+    atomic_write_text(serve_root / "policy" / "LATEST", "v000002\n")  # roll LATEST back to a good version
+    r = client.post("/v1/reload")
+    assert r.status_code == 200 and r.json()["result"] == "unchanged" and r.json()["policy_version"] == "v000002"
+
+
+# ----- lifecycle ---------------------------------------------------------------------------------
+
+def test_sigterm_answers_in_flight_requests(trained_run: Path, tmp_path: Path) -> None:
+    # A 1 s batching window keeps the requests in flight when SIGTERM arrives; a version
+    # directory is served as is (nothing to watch); the token comes from --token.
+    srv = ServerProcess([str(trained_run / "policy" / "v000001"), "--max-batch", "8", "--max-rows", "8",
+                         "--max-wait-ms", "1000", "--token", "tok"], tmp_path / "server.log")
+    try:
+        assert "not watching for new versions" in srv.log()
+
+        async def run() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": "Bearer tok"},
+                                         timeout=30.0) as c:
+                sends = [asyncio.create_task(c.post("/v1/act", json={"obs": [0.0, 0.1, 0.0, 0.1], "seed": i}))
+                         for i in range(6)]
+                await asyncio.sleep(0.4)  # all six are queued in the batcher, waiting for the window
+                srv.proc.send_signal(signal.SIGTERM)
+                sigterm_at = time.perf_counter()
+                answers = await asyncio.gather(*sends)
+                assert time.perf_counter() > sigterm_at + 0.2  # answered after SIGTERM, not before
+                assert srv.proc.poll() is None or "Shutting down" in srv.log()
+                return answers
+
+        t0 = time.perf_counter()
+        responses = asyncio.run(run())
+        assert [r.status_code for r in responses] == [200] * 6
+        assert {r.json()["action"] for r in responses} <= {0, 1}
+        assert {r.json()["policy_version"] for r in responses} == {"v000001"}
+        srv.proc.wait(30)
+        assert time.perf_counter() - t0 < 30
+        assert "stopped serving v000001" in srv.log()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(srv.url + "/healthz")
+    finally:
+        srv.stop()
+
+
+def test_cli_refuses_a_path_without_a_policy(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "rlstack.serve", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "is not a run directory" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "rlstack.serve", str(tmp_path), "--max-batch", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--max-batch" in r.stderr, r.stderr
