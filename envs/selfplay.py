@@ -142,12 +142,20 @@ class PoolSettings:
     epsilon: float = 0.0
     """Probability that an opponent's move is replaced by a uniformly random legal one, so the
     learner also meets (and learns to punish) positions its own versions avoid."""
+    sparring: tuple[str, ...] = ()
+    """Built-in sparring partners besides the versions (`random`, `minimax:D`, `perfect`), as the
+    scripted members of a league; drawn with probability `sparring_prob` per episode."""
+    sparring_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in POOL_MODES:
             raise ValueError(f"pool mode '{self.mode}' is unknown; valid: {', '.join(POOL_MODES)}")
         if self.size < 1:
             raise ValueError(f"pool size must be >= 1, got {self.size}")
+        if not 0.0 <= self.sparring_prob <= 1.0:
+            raise ValueError(f"sparring probability must be in [0, 1], got {self.sparring_prob}")
+        if self.sparring_prob > 0.0 and not self.sparring:
+            raise ValueError("a sparring probability > 0 needs sparring partners (e.g. ['minimax:2'])")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"opponent epsilon must be in [0, 1], got {self.epsilon}")
         if not 0.0 < self.gate_score <= 1.0:
@@ -174,6 +182,7 @@ class OpponentPool:
         """Learner's outcomes ('win', 'draw', 'loss') against the pool since the last admission."""
         self.totals: Counter[str] = Counter()
         self._loaded: dict[str, PolicyPlayer] = {}
+        self.sparring: list[Player] = [make_player(spec, what) for what in self.settings.sparring]
 
     @classmethod
     def of(cls, spec: GameSpec, player: Player) -> OpponentPool:
@@ -185,15 +194,24 @@ class OpponentPool:
         return [m.name for m in self.members]
 
     def sample(self, rng: np.random.Generator) -> Player:
+        """An opponent for one episode: a sparring partner with probability `sparring_prob`,
+        otherwise a member drawn uniformly."""
+        if self.sparring and rng.random() < self.settings.sparring_prob:
+            return self.sparring[int(rng.integers(len(self.sparring)))]
         return self.members[int(rng.integers(len(self.members)))]
 
-    def record(self, outcomes: np.ndarray) -> None:
-        """The learner's finished games against the pool: +1 win, 0 draw, -1 loss each."""
+    def record(self, outcomes: np.ndarray, opponents: list[str] | None = None) -> None:
+        """The learner's finished games: +1 win, 0 draw, -1 loss each, against `opponents`
+        (names; games against sparring partners do not count towards the gate)."""
         o = np.asarray(outcomes).reshape(-1)
+        sparring = {p.name for p in self.sparring}
+        gate = o if opponents is None else o[[name not in sparring for name in opponents]]
         for key, count in (("win", (o > 0).sum()), ("draw", (o == 0).sum()), ("loss", (o < 0).sum())):
             if count:
-                self.results[key] += int(count)
                 self.totals[key] += int(count)
+        for key, count in (("win", (gate > 0).sum()), ("draw", (gate == 0).sum()), ("loss", (gate < 0).sum())):
+            if count:
+                self.results[key] += int(count)
 
     @property
     def score(self) -> float | None:
@@ -312,7 +330,7 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
         infos: dict[str, Any] = {}
         if len(finished):
             reward[finished] = b.result_for(self.learner_seat[finished], finished)
-            self.pool.record(reward[finished])
+            self.pool.record(reward[finished], [self.opponent[i].name for i in finished])
             final = b.flat_obs(finished, self.learner_seat[finished])
             final_obs = np.empty(n, object)
             final_obs[finished] = list(final)
@@ -426,7 +444,7 @@ class SelfPlayEnv(gym.Env):
         info = {"learner_seat": self.learner_seat, "opponent": self.opponent.name}
         if b.over[0]:
             reward = float(b.result_for(np.array([self.learner_seat]))[0])
-            self.pool.record(np.array([reward]))
+            self.pool.record(np.array([reward]), [self.opponent.name])
             return b.flat_obs(None, self.learner_seat)[0], reward, True, False, info
         return b.flat_obs()[0], 0.0, False, False, info
 

@@ -27,7 +27,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from rlstack.fsutil import atomic_directory, atomic_write_text
-from rlstack.network import Network, NoiseKind, sample_noise
+from rlstack.network import BLOCK_ROWS, Network, NoiseKind, sample_noise
 from rlstack.spaces import MaskedBox, flat_masked_space
 
 GRAPH_FILE = "policy.mindir"
@@ -120,6 +120,9 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
             "mindspore_version": ms.__version__,
             "device": device,
             "fusion": bool(fusion),
+            # `parity: strict` graphs are batch-invariant when called on whole blocks of this many
+            # rows (Policy.run pads); 1: any batch, invariance not promised (network.BLOCK_ROWS).
+            "batch_rows": BLOCK_ROWS if network.spec.batch_invariant else 1,
             "config_hash": config_hash,
             "sha256": _sha256(graph),
             "graph_file": GRAPH_FILE,
@@ -228,9 +231,18 @@ class Policy:
         return sample_noise(kind, dim, batch, rng)
 
     def run(self, obs: np.ndarray, noise: np.ndarray) -> ActResult:
-        """The raw graph call: obs [B, *obs_shape] float32, noise [B, noise_dim] float32."""
+        """The raw graph call: obs [B, *obs_shape] float32, noise [B, noise_dim] float32.
+
+        A `parity: strict` policy (manifest `batch_rows` > 1) runs on whole blocks of that many
+        rows, zero rows padded here, so every row is bitwise independent of the batch size.
+        """
+        rows, block = len(obs), int(self.manifest.get("batch_rows", 1))
+        if block > 1 and rows % block:
+            pad = block - rows % block
+            obs = np.concatenate([obs, np.zeros((pad, *obs.shape[1:]), np.float32)])
+            noise = np.concatenate([noise, np.zeros((pad, *noise.shape[1:]), np.float32)])
         action, logp, value = self.graph(Tensor(obs), Tensor(noise))
-        return ActResult(action.asnumpy(), logp.asnumpy(), value.asnumpy())
+        return ActResult(action.asnumpy()[:rows], logp.asnumpy()[:rows], value.asnumpy()[:rows])
 
     def act(self, obs: Any, deterministic: bool = False, seed: int | None = None,
             rng: np.random.Generator | None = None, clip: bool = True) -> ActResult:

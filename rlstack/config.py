@@ -115,6 +115,10 @@ class SelfPlayConfig:
     """Opponents sample their moves from their policy (False: their argmax move)."""
     opponent_epsilon: float = 0.0
     """Probability that an opponent's move is uniformly random instead (exploration)."""
+    sparring: list[str] = field(default_factory=list)
+    """Built-in sparring partners in the pool besides the versions: `random`, `minimax:D`, `perfect`."""
+    sparring_prob: float = 0.0
+    """Probability that an episode's opponent is a sparring partner instead of a version."""
     eval_every: int = 0
     """Evaluate every this many updates (0: only at the end): W/D/L vs random, minimax, snapshots."""
     eval_games: int = 100
@@ -270,6 +274,11 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"'env.n_envs' must be >= 1, got {cfg.env.n_envs}")
     if cfg.actors < 0:
         raise ConfigError(f"'actors' must be >= 0 (0: collect in the learner process), got {cfg.actors}")
+    batch_size = getattr(cfg.train, "batch_size", None)
+    if cfg.parity == "strict" and batch_size is not None and batch_size % 64:
+        # rlstack.network.BLOCK_ROWS: strict graphs run on whole 64-row blocks.
+        raise ConfigError(f"parity: strict needs 'train.batch_size' to be a multiple of 64 (the learner's "
+                          f"matrix products must see whole 64-row blocks), got {batch_size}")
     if cfg.train.total_steps < 1:
         raise ConfigError(f"'train.total_steps' must be >= 1, got {cfg.train.total_steps}")
     check = getattr(cfg.train, "validate", None)

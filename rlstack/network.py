@@ -76,48 +76,35 @@ class NetSpec:
     log_std_init: float = 0.0
     ortho_init: bool = True
     batch_invariant: bool = False
-    """`parity: strict`: every row's output is bitwise independent of the batch it is computed in
-    (see `BatchInvariantMLP`), so acting at batch n_envs and learning at any minibatch size agree."""
+    """`parity: strict`: every row's output is bitwise independent of the batch it is computed in,
+    provided every call has a whole number of `BLOCK_ROWS` rows (see `BatchInvariantDense`)."""
 
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU}
 
 
 BLOCK_ROWS = 64
-"""`BatchInvariantMLP` runs every layer on a whole number of blocks of this many rows."""
+"""`parity: strict` runs every graph call on a whole number of blocks of this many rows: the
+acting wrappers pad a batch with zero rows on the host (`rlstack.artifact.Policy.run`; the
+manifest records `batch_rows`) and the learner's minibatches are multiples of it (checked in
+the config). Measured on MindSpore 2.10's CPU kernels, that makes every row bitwise independent
+of the batch: the MatMul takes the same path for any M >= 16 rows (below 16 it sums in another
+order, ~1e-7 apart), and element-wise log/softplus (DQN's and SAC's logp) round the last partial
+SIMD vector of a tensor differently, which a multiple of 64 rows never has. Padding inside the
+graph was measured too: in the dynamic-batch MindIR its shape arithmetic made an acting call
+~1.5-2.5x slower; on the host it costs a numpy concatenate."""
 
 
 class BatchInvariantDense(nn.Dense):
-    """A Dense layer whose rows do not depend on the batch when called on >= 16 rows.
-
-    Measured on MindSpore 2.10's CPU MatMul: a [M, k] x [k, n] product gives bitwise the same
-    row whatever M and the row's position once M >= 16 and n >= 2; below 16 rows, and for any M
-    when n == 1 (a matrix-vector path), it sums in another order (~1e-7 apart). So a one-column
-    layer (the value head, a critic) multiplies by its weight padded with a zero row and keeps
-    column 0; the row count is taken care of by `BatchInvariantMLP`.
-    """
+    """`parity: strict` Dense: for one output column (the value head, a critic) MindSpore's CPU
+    MatMul takes a matrix-vector path whose summation order depends on the number of rows, so the
+    weight is padded with a zero row and column 0 kept; wider layers are plain MatMuls."""
 
     def construct(self, x):
-        weight = self.weight
         if self.out_channels == 1:
-            weight = ops.concat((weight, ops.zeros_like(weight)), 0)
+            weight = ops.concat((self.weight, ops.zeros_like(self.weight)), 0)
             return ops.dense(x, weight)[:, :1] + self.bias
-        return ops.dense(x, weight, self.bias)
-
-
-class BatchInvariantMLP(nn.SequentialCell):
-    """`parity: strict`: pads the batch with zero rows to a multiple of `BLOCK_ROWS` before the
-    first layer and drops them after the last, so every GEMM sees >= 64 rows and takes the same
-    path whether it is called by a vector env of 8, a server batch of 1 or a minibatch of 256.
-    Parameter names are those of the plain `nn.SequentialCell` (checkpoints load either way)."""
-
-    def construct(self, x):
-        rows = x.shape[0]
-        pad = (BLOCK_ROWS - rows % BLOCK_ROWS) % BLOCK_ROWS
-        x = ops.concat((x, ops.zeros((pad, x.shape[1]), x.dtype)), 0)
-        for cell in self.cell_list:
-            x = cell(x)
-        return x[:rows]
+        return ops.dense(x, self.weight, self.bias)
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str,
@@ -134,7 +121,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str,
         layers += [dense(fan_in, fan_out, weight_init=init, bias_init=Zero()), _ACTIVATIONS[activation]()]
     init = Orthogonal(gain=out_gain) if ortho else "normal"
     layers.append(dense(sizes[-1], out_dim, weight_init=init, bias_init=Zero()))
-    return BatchInvariantMLP(layers) if batch_invariant else nn.SequentialCell(layers)
+    return nn.SequentialCell(layers)
 
 
 def obs_dim_of(space: gym.Space) -> int:
@@ -191,7 +178,6 @@ class Network(nn.Cell):
         self.qkind = self.q_kind.value
         self.has_value = bool(spec.value)
         self.dueling = bool(spec.dueling)
-        self.batch_invariant = bool(spec.batch_invariant)
         hidden, act, ortho = tuple(spec.hidden), spec.activation, spec.ortho_init
         invariant = bool(spec.batch_invariant)
 
@@ -357,16 +343,6 @@ class Network(nn.Cell):
         return action, logp, self._value_for_act(x, action)
 
     def construct(self, obs, noise):
-        if self.batch_invariant:
-            # `parity: strict`: the whole acting graph runs on whole 64-row blocks, because
-            # MindSpore's CPU log/softplus kernels round the last partial SIMD vector of a
-            # tensor differently (DQN's and SAC's logp would differ by ~1e-7 otherwise).
-            rows = obs.shape[0]
-            pad = (BLOCK_ROWS - rows % BLOCK_ROWS) % BLOCK_ROWS
-            obs = ops.concat((obs, ops.zeros((pad, *obs.shape[1:]), obs.dtype)), 0)
-            noise = ops.concat((noise, ops.zeros((pad, noise.shape[1]), noise.dtype)), 0)
-            action, logp, value = self.act(obs, noise)
-            return action[:rows], logp[:rows], value[:rows]
         return self.act(obs, noise)
 
     def evaluate(self, obs, action):

@@ -87,6 +87,22 @@ class RecentObs:
         return np.roll(self.rows, -(self.count % self.capacity), axis=0)
 
 
+def padded(fn: ActFn, block: int) -> ActFn:
+    """`fn` called on whole blocks of `block` rows (zero rows appended, results cut back): the
+    calling convention of a `parity: strict` graph (`rlstack.artifact.Policy.run` does the same)."""
+    if block <= 1:
+        return fn
+
+    def run(obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = len(obs)
+        pad = -rows % block
+        obs = np.concatenate([obs, np.zeros((pad, *obs.shape[1:]), np.float32)])
+        noise = np.concatenate([noise, np.zeros((pad, *noise.shape[1:]), np.float32)])
+        return tuple(np.asarray(x)[:rows] for x in fn(obs, noise))
+
+    return run
+
+
 def parity_rows(rollout_batch: int, minibatch: int) -> int:
     """Rows to compare: whole chunks of both batch sizes (their lcm), at most `MAX_ROWS`."""
     rows = math.lcm(rollout_batch, minibatch)

@@ -140,12 +140,6 @@ class SelfPlayHook:
         self.cfg = cfg
         self.spec: GameSpec = envs.game
         self.out = trainer.out / "selfplay"
-        try:
-            settings = PoolSettings(mode=cfg.opponents, size=cfg.pool_size, gate_score=cfg.gate_score,
-                                    gate_min_games=cfg.gate_min_games, sample=cfg.opponent_sample,
-                                    epsilon=cfg.opponent_epsilon)
-        except ValueError as err:
-            raise ConfigError(f"selfplay: {err}") from None
         for key in ("eval_games", "minimax_depth", "elo_games"):
             if getattr(cfg, key) < 1:
                 raise ConfigError(f"'selfplay.{key}' must be >= 1, got {getattr(cfg, key)}")
@@ -154,7 +148,14 @@ class SelfPlayHook:
             # no self-play pool, the evaluations still run.
             self.pool = envs.pool
         else:
-            self.pool = OpponentPool(self.spec, trainer.policy_dir, settings)
+            try:
+                settings = PoolSettings(mode=cfg.opponents, size=cfg.pool_size, gate_score=cfg.gate_score,
+                                        gate_min_games=cfg.gate_min_games, sample=cfg.opponent_sample,
+                                        epsilon=cfg.opponent_epsilon, sparring=tuple(cfg.sparring),
+                                        sparring_prob=cfg.sparring_prob)
+                self.pool = OpponentPool(self.spec, trainer.policy_dir, settings)
+            except ValueError as err:
+                raise ConfigError(f"selfplay: {err}") from None
             envs.set_pool(self.pool)
         self.rng = np.random.default_rng(trainer.cfg.seed + 20_000)
         self.random = RandomPlayer(self.spec)

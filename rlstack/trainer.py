@@ -31,7 +31,7 @@ from rlstack.envs import make_vector_env
 from rlstack.fsutil import atomic_directory, atomic_write_text
 from rlstack.logger import RunLogger
 from rlstack.network import Network, sample_noise
-from rlstack.parity import RecentObs, measure_parity, parity_rows, sample_rows
+from rlstack.parity import RecentObs, measure_parity, padded, parity_rows, sample_rows
 from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, ReplayBuffer, random_actions
 from rlstack.runtime import configure
 from rlstack.selfplay_eval import attach_selfplay
@@ -265,7 +265,9 @@ class Trainer:
         rows = parity_rows(rollout_batch, minibatch)
         rng = np.random.default_rng([self.cfg.seed, self.counters.updates])  # not the training RNG
         obs = sample_rows(self.recent_obs.get(), rows, policy.obs_shape, rng)
-        report = measure_parity(policy, self.live_acting, obs, policy.noise(rows, False, rng),
+        # A strict graph is called on whole 64-row blocks; the live module the same way.
+        live = padded(self.live_acting, int(policy.manifest.get("batch_rows", 1)))
+        report = measure_parity(policy, live, obs, policy.noise(rows, False, rng),
                                 rollout_batch=rollout_batch, minibatch=minibatch)
         self.parity.update(report.metrics())
         self.parity["parity/version"] = report.version

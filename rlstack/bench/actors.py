@@ -7,6 +7,9 @@ in place (what the in-process actor and the actor processes do after every updat
 Steady-state steps/s is measured between the end of update `--warmup` and the last update
 (graph compilation and actor start-up excluded); the whole-run figure is reported too. Cases
 are interleaved over `--repeats` rounds and the median is taken, because the machine is shared.
+On a loaded machine wall-clock rates mostly measure the other tenants, so each case also reports
+steady-state steps per CPU-second of the learner process (all its threads): with `actors: 0`
+that is the whole cost of training, and it compares fast with strict without the noise.
 """
 
 from __future__ import annotations
@@ -26,16 +29,21 @@ def run_case(config: str | None, actors: int, parity: str, steps: int, warmup: i
 
     cfg = load_config(config, [f"actors={actors}", f"parity={parity}", f"train.total_steps={steps}",
                                "train.progress=off", "env.eval_episodes=2"])
+    cpu: list[tuple[int, float]] = []
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(cfg, out)
+        trainer.update_hooks.append(lambda t: cpu.append((t.counters.steps, time.process_time())))
         summary = trainer.train()
     history = trainer.history
-    start = history[min(warmup, len(history) - 2)]
-    end = history[-1]
+    first = min(warmup, len(history) - 2)
+    start, end = history[first], history[-1]
+    cpu_start, cpu_end = cpu[first], cpu[-1]
     return {
         "actors": actors, "parity": parity, "steps": summary["total_steps"],
         "steps_per_second": round(summary["steps_per_second"], 1),
         "steady_steps_per_second": round((end[0] - start[0]) / max(end[2] - start[2], 1e-9), 1),
+        "steady_steps_per_learner_cpu_second": round((cpu_end[0] - cpu_start[0]) / max(cpu_end[1] - cpu_start[1], 1e-9),
+                                                     1),
         "time_split_seconds": {k: round(v, 2) for k, v in summary["time_split_seconds"].items()},
         "parity_max_abs_logp": summary.get("parity/max_abs_logp"),
         "ppo_ratio_dev_max": summary.get("parity/ppo_ratio_dev_max"),
@@ -122,14 +130,17 @@ def main(argv: list[str]) -> int:
         for actors in actor_counts:
             mine = [r for r in runs if r["parity"] == parity and r["actors"] == actors]
             table[f"{parity}/actors={actors}"] = {
-                "steady_steps_per_second": statistics.median(r["steady_steps_per_second"] for r in mine),
-                "steps_per_second": statistics.median(r["steps_per_second"] for r in mine)}
+                key: statistics.median(r[key] for r in mine)
+                for key in ("steady_steps_per_second", "steps_per_second", "steady_steps_per_learner_cpu_second")}
     comparisons: dict[str, float] = {}
     for actors in actor_counts:
         if {"fast", "strict"} <= set(modes):
             fast = table[f"fast/actors={actors}"]["steady_steps_per_second"]
             strict = table[f"strict/actors={actors}"]["steady_steps_per_second"]
             comparisons[f"strict_cost_percent/actors={actors}"] = round(100 * (fast - strict) / fast, 1)
+            fast = table[f"fast/actors={actors}"]["steady_steps_per_learner_cpu_second"]
+            strict = table[f"strict/actors={actors}"]["steady_steps_per_learner_cpu_second"]
+            comparisons[f"strict_cpu_cost_percent/actors={actors}"] = round(100 * (fast - strict) / fast, 1)
     for parity in modes:
         if {1, 2} <= set(actor_counts):
             one = table[f"{parity}/actors=1"]["steady_steps_per_second"]

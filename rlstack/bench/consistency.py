@@ -576,6 +576,10 @@ def run_case(case: Case, paths: list[str], out: Path, opts: Options, log=print) 
         log(f"[{case.key}] path {name} ...")
         results[name] = run_path(case, name, out / case.key, opts)
         log(f"[{case.key}] path {name} done in {time.perf_counter() - start:.1f} s")
+        # Kept as each path finishes: a long run that fails later keeps what it measured.
+        from rlstack.fsutil import atomic_write_text
+
+        atomic_write_text(out / case.key / "partial.json", json.dumps(results, indent=2))
     hashes = {r["initial_params_sha256"] for r in results.values()}
     first = next(iter(results.values()))
     return {

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from rlstack.artifact import export_policy
+from rlstack.artifact import export_policy, list_versions
 from rlstack.config import load_config
 from rlstack.envs import make_vector_env
 from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, Boards, IllegalMoveError
@@ -257,6 +257,18 @@ def test_pool_modes(tmp_path):
 def test_pool_settings_are_checked():
     with pytest.raises(ValueError, match="pool mode 'best' is unknown; valid: latest, uniform, gated"):
         PoolSettings(mode="best")
+    with pytest.raises(ValueError, match="needs sparring partners"):
+        PoolSettings(sparring_prob=0.5)
+
+
+def test_sparring_partners_are_drawn_but_do_not_count_for_the_gate():
+    pool = OpponentPool(TICTACTOE, None, PoolSettings(mode="gated", sparring=("minimax:2",), sparring_prob=0.25))
+    rng = np.random.default_rng(0)
+    names = [pool.sample(rng).name for _ in range(2000)]
+    assert set(names) == {"random", "minimax_d2"}
+    assert 0.2 < names.count("minimax_d2") / len(names) < 0.3
+    pool.record(np.array([1.0, -1.0, 0.0]), ["random", "minimax_d2", "minimax_d2"])
+    assert pool.results == {"win": 1} and sum(pool.totals.values()) == 3
 
 
 def test_loading_a_version_of_another_game_is_refused(tmp_path):
@@ -302,11 +314,14 @@ def test_trainer_fills_the_pool_and_logs_evaluations(tmp_path):
     trainer = Trainer(cfg, tmp_path / "run")
     summary = trainer.train()
     assert summary["updates"] == 3
-    assert summary["selfplay/pool"] == ["v000002"]  # `latest`: the newest export it has seen
+    versions = [v.name for v in list_versions(tmp_path / "run" / "policy")]
+    assert len(versions) >= 3  # one export per update (and the final one)
+    # `latest`: one opponent, the newest version exported before the last update's hook ran.
+    assert len(summary["selfplay/pool"]) == 1 and summary["selfplay/pool"][0] in versions[:-1]
     assert summary["selfplay/vs_random"]["games"] == 10
-    assert set(summary["selfplay/elo"]) == {"random", "minimax_d1", "v000002", "v000003", "current"}
+    assert set(summary["selfplay/elo"]) == {"random", "minimax_d1", *versions[-2:], "current"}
     assert summary["selfplay/elo"]["random"] == 0.0
-    assert set(summary["selfplay/vs_snapshots"]) == {"v000002", "v000003"}
+    assert set(summary["selfplay/vs_snapshots"]) == set(versions[-2:])
     history = json.loads((tmp_path / "run" / "selfplay" / "eval.json").read_text())
     assert [h["updates"] for h in history] == [2, 3]  # every 2 updates, and at the end
     assert sum(summary["selfplay/pool_record"].values()) > 0

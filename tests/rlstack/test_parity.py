@@ -6,12 +6,12 @@ import gymnasium as gym
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor
+from mindspore import Tensor, nn
 
 from rlstack.artifact import export_policy, load_policy
 from rlstack.config import load_config
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, sample_noise
-from rlstack.parity import RecentObs, measure_parity, parity_rows
+from rlstack.parity import RecentObs, measure_parity, padded, parity_rows
 from rlstack.trainer import Acting, Trainer
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
@@ -34,8 +34,8 @@ def _net(head: str, strict: bool) -> Network:
 
 
 def _rows_at(fn, obs, noise, batch):
-    parts = [fn(Tensor(obs[i:i + batch]), Tensor(noise[i:i + batch])) for i in range(0, len(obs), batch)]
-    return [np.concatenate([p[k].asnumpy() for p in parts]) for k in range(3)]
+    parts = [fn(obs[i:i + batch], noise[i:i + batch]) for i in range(0, len(obs), batch)]
+    return [np.concatenate([np.asarray(p[k]) for p in parts]) for k in range(3)]
 
 
 @pytest.mark.parametrize("head", sorted(HEADS))
@@ -44,17 +44,23 @@ def test_strict_mode_is_bitwise_equal_across_batch_sizes(tmp_path, head):
     space = HEADS[head][0]
     version = export_policy(net, tmp_path, algorithm=head, obs_space=OBS, action_space=space, device="cpu",
                             fusion=False, config_hash="t")
-    graph = load_policy(version).graph
+    policy = load_policy(version)
+    assert policy.manifest["batch_rows"] == 64
+    live = padded(Acting(net, space), 64)  # a strict graph's calling convention: whole 64-row blocks
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((448, 6)).astype(np.float32)  # 448 = 7 * 64 rows
     noise = sample_noise(net.noise_kind, net.noise_dim, len(obs), rng)
-    reference = _rows_at(net, obs, noise, len(obs))  # one call on every row
-    for fn, where in ((net, "live module"), (graph, "exported graph")):
+    reference = _rows_at(live, obs, noise, len(obs))  # one call on every row
+    for fn, where in ((live, "live module"), (policy.run, "exported graph (rlstack.load_policy)")):
         for batch in (1, 7, 64, 256):
             rows = (len(obs) // batch) * batch if batch != 1 else 21  # batch 1: 21 single-row calls
             got = _rows_at(fn, obs[:rows], noise[:rows], batch)
             for name, a, b in zip(("action", "logp", "value"), got, reference, strict=True):
                 assert np.array_equal(a, b[:rows]), f"{head}: {where} {name} at batch {batch} differs"
+    # Plain MindSpore on the same file, called on whole blocks, computes the same rows.
+    graph = nn.GraphCell(ms.load(str(version / "policy.mindir")))
+    plain = graph(Tensor(obs[:64]), Tensor(noise[:64]))
+    assert all(np.array_equal(a.asnumpy(), b[:64]) for a, b in zip(plain, reference, strict=True))
 
 
 def test_strict_and_fast_networks_have_the_same_parameters():
@@ -74,8 +80,8 @@ def test_measure_parity_against_the_exported_graph(tmp_path, strict):
     assert len(recent.get()) == 300
     rows = parity_rows(8, 64)
     obs = recent.get()[-rows:]
-    report = measure_parity(policy, Acting(net, gym.spaces.Discrete(3)), obs, policy.noise(rows, False, rng),
-                            rollout_batch=8, minibatch=64)
+    live = padded(Acting(net, gym.spaces.Discrete(3)), policy.manifest["batch_rows"])
+    report = measure_parity(policy, live, obs, policy.noise(rows, False, rng), rollout_batch=8, minibatch=64)
     assert report.export_bitwise, report  # the MindIR computes what the module computes, same batch
     assert report.max_abs_logp < 1e-5 and report.max_abs_value < 1e-5
     if strict:
