@@ -6,9 +6,10 @@ loaded by `rlstack.load_policy`), never by a second Python-side copy of the netw
 - `GraphActing` is the trainer's acting interface (`__call__(obs, noise) -> (action, logp,
   value)`, `noise(batch, rng | None)`, `to_env(action)`) over a loaded `Policy`. Its weights are
   refreshed in place (the graph's Parameters get the learner's values) instead of exporting and
-  compiling a new graph every update: measured here, a MindIR export costs ~15 ms and loading
-  plus compiling the new graph ~200 ms, a weight refresh ~1 ms. `version` is the number of
-  learner updates behind the weights it runs; every transition is tagged with it.
+  compiling a new graph every update: measured here (PPO CartPole net, `python -m rlstack.bench
+  actors`), an export costs 15-70 ms and loading plus compiling the new GraphCell 0.2-0.5 s, an
+  in-place refresh 0.4-0.8 ms. `version` is the number of learner updates behind the weights it
+  runs; every transition is tagged with it.
 - `PolicyWatcher` follows `<run>/policy/LATEST` and loads each newly published version.
 - `actors: N` starts an `ActorPool`: N processes, each stepping its own vector env with its own
   `GraphActing`, reading fresh weights from a shared-memory `WeightBoard` (learner -> actors)
