@@ -332,7 +332,7 @@ def test_trainer_fills_the_pool_and_logs_evaluations(tmp_path):
 
 
 # ----- learning -----------------------------------------------------------------------------------
-# Measured (see the report of issue 6): pure PPO self-play on tic-tac-toe did not reach perfect play
+# Measured (configs/ppo_tictactoe_selfplay.yaml): pure PPO self-play on tic-tac-toe did not reach perfect play
 # in a CI budget (250k steps: its argmax policy still lost 40-100 of 100 games to perfect play), so
 # this CI run learns from the league's sparring partner alone (sparring_prob 1: every game against
 # the perfect player), through the same env, pool, export and evaluation code as self-play.
