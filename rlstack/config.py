@@ -275,15 +275,21 @@ def _check(cfg: Config) -> None:
     if cfg.actors < 0:
         raise ConfigError(f"'actors' must be >= 0 (0: collect in the learner process), got {cfg.actors}")
     batch_size = getattr(cfg.train, "batch_size", None)
-    if cfg.parity == "strict" and batch_size is not None and batch_size % 64:
-        # rlstack.network.BLOCK_ROWS: strict graphs run on whole 64-row blocks.
-        raise ConfigError(f"parity: strict needs 'train.batch_size' to be a multiple of 64 (the learner's "
-                          f"matrix products must see whole 64-row blocks), got {batch_size}")
+    if cfg.parity == "strict" and batch_size is not None:
+        _check_strict_batch(batch_size)
     if cfg.train.total_steps < 1:
         raise ConfigError(f"'train.total_steps' must be >= 1, got {cfg.train.total_steps}")
     check = getattr(cfg.train, "validate", None)
     if check is not None:
         check(cfg)
+
+
+def _check_strict_batch(batch_size: int) -> None:
+    from rlstack.network import BLOCK_ROWS  # imported here: the schema does not need MindSpore
+
+    if batch_size % BLOCK_ROWS:
+        raise ConfigError(f"parity: strict needs 'train.batch_size' to be a multiple of {BLOCK_ROWS} (the "
+                          f"learner's graphs must see whole {BLOCK_ROWS}-row blocks), got {batch_size}")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -83,28 +83,45 @@ class NetSpec:
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU}
 
 
-BLOCK_ROWS = 64
+BLOCK_ROWS = 16
 """`parity: strict` runs every graph call on a whole number of blocks of this many rows: the
 acting wrappers pad a batch with zero rows on the host (`rlstack.artifact.Policy.run`; the
 manifest records `batch_rows`) and the learner's minibatches are multiples of it (checked in
-the config). Measured on MindSpore 2.10's CPU kernels, that makes every row bitwise independent
-of the batch: the MatMul takes the same path for any M >= 16 rows (below 16 it sums in another
-order, ~1e-7 apart), and element-wise log/softplus (DQN's and SAC's logp) round the last partial
-SIMD vector of a tensor differently, which a multiple of 64 rows never has. Padding inside the
-graph was measured too: in the dynamic-batch MindIR its shape arithmetic made an acting call
-~1.5-2.5x slower; on the host it costs a numpy concatenate."""
+the config). Element-wise kernels (tanh, exp, log, softplus) round the last partial SIMD vector
+of a tensor differently from the full ones; a tensor of whole 16-row blocks never has one on
+AVX2 (8 floats) or AVX-512 (16 floats) kernels; 1-row calls were measured to differ."""
+
+
+class RowWiseMatMul(nn.Cell):
+    """x [B, K] @ w.T for w [N, K], computed as B separate [1, K] x [K, N] products.
+
+    Measured on MindSpore 2.10's CPU MatMul: a plain [B, K] x [K, N] product splits its rows
+    into tiles (and threads) whose boundaries depend on B, and a row in a tail tile is summed in
+    another order (~1e-7 apart), whatever the number of threads; neither fixed 64-row blocks nor
+    a batched product of 64-row blocks is invariant for every block count. One product per row
+    is: each row's dot products are summed in the same order whatever B is.
+    The backward pass is the ordinary matrix product (gradients need not be batch-invariant),
+    so strict training costs only the forward difference."""
+
+    def construct(self, x, w):
+        rows = x.shape[0]
+        wt = ops.broadcast_to(w.T, (rows, w.shape[1], w.shape[0]))  # [B, K, N], a view per row
+        return ops.bmm(x.reshape(rows, 1, -1), wt).reshape(rows, -1)
+
+    def bprop(self, x, w, out, dout):
+        return ops.matmul(dout, w), ops.matmul(dout.T, x)
 
 
 class BatchInvariantDense(nn.Dense):
-    """`parity: strict` Dense: for one output column (the value head, a critic) MindSpore's CPU
-    MatMul takes a matrix-vector path whose summation order depends on the number of rows, so the
-    weight is padded with a zero row and column 0 kept; wider layers are plain MatMuls."""
+    """`parity: strict` Dense: the same parameters as `nn.Dense`, the product taken row by row
+    (`RowWiseMatMul`) so every output row is bitwise independent of the batch it is in."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.row_matmul = RowWiseMatMul()
 
     def construct(self, x):
-        if self.out_channels == 1:
-            weight = ops.concat((self.weight, ops.zeros_like(self.weight)), 0)
-            return ops.dense(x, weight)[:, :1] + self.bias
-        return ops.dense(x, self.weight, self.bias)
+        return self.row_matmul(x, self.weight) + self.bias
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str,

@@ -265,7 +265,7 @@ class Trainer:
         rows = parity_rows(rollout_batch, minibatch)
         rng = np.random.default_rng([self.cfg.seed, self.counters.updates])  # not the training RNG
         obs = sample_rows(self.recent_obs.get(), rows, policy.obs_shape, rng)
-        # A strict graph is called on whole 64-row blocks; the live module the same way.
+        # A strict graph is called on whole BLOCK_ROWS-row blocks; the live module the same way.
         live = padded(self.live_acting, int(policy.manifest.get("batch_rows", 1)))
         report = measure_parity(policy, live, obs, policy.noise(rows, False, rng),
                                 rollout_batch=rollout_batch, minibatch=minibatch)

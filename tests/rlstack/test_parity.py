@@ -10,7 +10,7 @@ from mindspore import Tensor, nn
 
 from rlstack.artifact import export_policy, load_policy
 from rlstack.config import load_config
-from rlstack.network import NetSpec, Network, PolicyKind, QKind, sample_noise
+from rlstack.network import BLOCK_ROWS, NetSpec, Network, PolicyKind, QKind, sample_noise
 from rlstack.parity import RecentObs, measure_parity, padded, parity_rows
 from rlstack.trainer import Acting, Trainer
 
@@ -45,8 +45,8 @@ def test_strict_mode_is_bitwise_equal_across_batch_sizes(tmp_path, head):
     version = export_policy(net, tmp_path, algorithm=head, obs_space=OBS, action_space=space, device="cpu",
                             fusion=False, config_hash="t")
     policy = load_policy(version)
-    assert policy.manifest["batch_rows"] == 64
-    live = padded(Acting(net, space), 64)  # a strict graph's calling convention: whole 64-row blocks
+    assert policy.manifest["batch_rows"] == BLOCK_ROWS
+    live = padded(Acting(net, space), BLOCK_ROWS)  # a strict graph's calling convention: whole BLOCK_ROWS-row blocks
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((448, 6)).astype(np.float32)  # 448 = 7 * 64 rows
     noise = sample_noise(net.noise_kind, net.noise_dim, len(obs), rng)
@@ -105,3 +105,27 @@ def test_ppo_logs_parity_and_strict_gives_ratio_exactly_one(tmp_path, mode):
         assert 0.0 <= ratio_dev < 1e-5 and saved["parity/max_abs_logp"] < 1e-5
     events = list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
     assert events and b"parity/max_abs_logp" in events[0].read_bytes()
+
+
+class _EvaluateLoss(nn.Cell):
+    def __init__(self, net: Network):
+        super().__init__()
+        self.net = net
+
+    def construct(self, obs, action):
+        logp, entropy, value = self.net.evaluate(obs, action)
+        return (logp * value).mean() + entropy.mean()
+
+
+def test_strict_network_trains_with_the_same_gradients_as_the_fast_one():
+    """The row-wise product's backward is the ordinary matrix product: same gradients, to rounding."""
+    rng = np.random.default_rng(1)
+    obs = Tensor(rng.standard_normal((64, 6)).astype(np.float32))
+    action = Tensor(rng.integers(0, 3, 64).astype(np.int32))
+    grads = []
+    for strict in (False, True):
+        loss = _EvaluateLoss(_net("ppo_categorical", strict))
+        grads.append(ms.grad(loss, None, loss.trainable_params())(obs, action))
+    assert len(grads[0]) == len(grads[1]) > 0
+    for fast, strict in zip(*grads, strict=True):
+        np.testing.assert_allclose(strict.asnumpy(), fast.asnumpy(), rtol=1e-4, atol=1e-6)
