@@ -94,6 +94,13 @@ class TrainConfig:
     """How many exported policy versions to keep (0: all; self-play draws opponents from them)."""
     progress: str = "auto"
     """`auto` (bar on a terminal, log lines otherwise), `bar`, `log` or `off`."""
+    eval_every: int = 0
+    """Deterministic evaluation (`env.eval_episodes` episodes) every this many environment steps,
+    logged as `eval/mean_return` (0: only the final evaluation)."""
+    keep_best: bool = False
+    """With `eval_every`: the final policy (export and `summary.json`'s evaluation) is the network
+    of the best periodic evaluation instead of the last one, as SB3's EvalCallback best model.
+    The checkpoint keeps the last network, so `--resume` continues the run itself."""
 
 
 @dataclass

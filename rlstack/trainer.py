@@ -110,6 +110,15 @@ def evaluate(network: Network, cfg: Config, episodes: int, seed: int) -> np.ndar
     return returns
 
 
+@dataclass
+class BestEval:
+    """The best periodic deterministic evaluation of a run and the parameters that scored it."""
+
+    mean_return: float
+    steps: int
+    params: dict[str, np.ndarray]
+
+
 def default_out_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{cfg.algo}_{cfg.env.id}_s{cfg.seed}_{stamp}"
@@ -153,6 +162,11 @@ class Trainer:
         # buffer): filename -> object with save(path) and load(path). See add_checkpoint_extra.
         self.checkpoint_extras: dict[str, Any] = {}
         self.resumed_from: Path | None = None
+        self.best: BestEval | None = None
+        """The best periodic evaluation so far (`train.eval_every`)."""
+        self._next_eval = cfg.train.eval_every
+        if cfg.train.eval_every:
+            self.update_hooks.append(Trainer._periodic_eval)
 
     # ----- checkpoints -------------------------------------------------------------------------
 
@@ -330,7 +344,12 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.counters.wall_seconds += elapsed
         self.split.other = elapsed - self.split.env - self.split.act - self.split.learn
-        self.save_checkpoint()
+        self.save_checkpoint()  # the last network: --resume continues the run itself
+        best = self.best if self.cfg.train.keep_best else None
+        if best is not None:
+            self._restore_best()
+            self.log.message(f"final policy: the network of the best evaluation ({best.mean_return:.2f} at "
+                             f"{best.steps:,} steps)")
         version = self.export()
         returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 10_000)
         summary = {
@@ -344,6 +363,9 @@ class Trainer:
             "time_split_seconds": self.split.as_dict(),
             "seed": self.cfg.seed, "algo": self.cfg.algo, "env": self.cfg.env.id,
             "policy_version": version.name,
+            "eval/best_mean_return": self.best.mean_return if self.best else None,
+            "eval/best_steps": self.best.steps if self.best else None,
+            "final_policy": "best" if best is not None else "last",
             **self.parity,
             "config": to_dict(self.cfg),
         }
@@ -625,6 +647,28 @@ class Trainer:
                 keys = {k for m in pending for k in m}
                 self._log_update({k: float(np.mean([m[k] for m in pending if k in m])) for k in keys} or stale)
                 last_log, pending = c.steps, []
+
+    def _periodic_eval(self) -> None:
+        """`train.eval_every`: a deterministic evaluation once the step counter passes the next
+        multiple; the best one's parameters are kept for `train.keep_best`."""
+        every, steps = self.cfg.train.eval_every, self.counters.steps
+        if steps < self._next_eval:
+            return
+        self._next_eval = (steps // every + 1) * every
+        if self.obs_rms is not None:
+            self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+        returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 20_000)
+        mean = float(returns.mean())
+        self.log.scalars({"eval/mean_return": mean, "eval/std_return": float(returns.std())}, steps)
+        if self.best is None or mean > self.best.mean_return:
+            params = {p.name: p.asnumpy().copy() for p in self.network.get_parameters()}
+            self.best = BestEval(mean, steps, params)
+            self.log.message(f"eval at {steps:,} steps: mean return {mean:.2f} (best so far)")
+
+    def _restore_best(self) -> None:
+        """Put the parameters of the best periodic evaluation back into the network."""
+        for p in self.network.get_parameters():
+            p.set_data(Tensor(self.best.params[p.name]))
 
     def _run_update_hooks(self) -> None:
         for hook in self.update_hooks:
