@@ -210,6 +210,7 @@ def test_short_run_logs_scalars_and_resumes(tmp_path):
 
 @pytest.mark.learning
 def test_dqn_solves_cartpole_within_5e4_steps(tmp_path):
-    summary = Trainer(load_config(CONFIG, ["seed=1", "train.progress=log"]), tmp_path / "run").train()
+    summary = Trainer(load_config(CONFIG, ["seed=0", "train.progress=log"]), tmp_path / "run").train()
     assert summary["total_steps"] == 50_000
+    assert summary["final_policy"] == "best"  # configs/dqn_cartpole.yaml: train.keep_best
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]

@@ -225,6 +225,9 @@ def test_zoo_hyperparameters_in_the_configs():
 
 @pytest.mark.learning
 def test_sac_solves_pendulum_within_2e4_steps(tmp_path):
-    summary = Trainer(load_config(CONFIG, ["seed=0", "train.progress=log"]), tmp_path / "run").train()
-    assert summary["total_steps"] == 20_000
+    # The Zoo config at half its 2e4-step budget: SAC reaches ~-150 by 5e3 steps (measured), and
+    # the full budget costs ~10 minutes of CI at ~35 steps/s (`python -m rlstack.bench sac` runs it).
+    overrides = ["seed=0", "train.progress=log", "train.total_steps=10000"]
+    summary = Trainer(load_config(CONFIG, overrides), tmp_path / "run").train()
+    assert summary["total_steps"] == 10_000
     assert summary["eval/mean_return"] >= -200, summary["eval/returns"]

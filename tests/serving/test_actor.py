@@ -145,7 +145,7 @@ def test_ppo_solves_cartpole_with_two_actor_processes(tmp_path):
 
 @pytest.mark.learning
 def test_dqn_solves_cartpole_with_two_actor_processes(tmp_path):
-    cfg = load_config(CONFIGS / "dqn_cartpole.yaml", ["seed=1", "actors=2", "train.progress=log"])
+    cfg = load_config(CONFIGS / "dqn_cartpole.yaml", ["seed=0", "actors=2", "train.progress=log"])
     summary = Trainer(cfg, tmp_path / "run").train()
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
 
