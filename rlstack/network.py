@@ -93,28 +93,28 @@ AVX2 (8 floats) or AVX-512 (16 floats) kernels; 1-row calls were measured to dif
 
 
 class RowWiseMatMul(nn.Cell):
-    """x [B, K] @ w.T for w [N, K], computed as B separate [1, K] x [K, N] products.
+    """x [B, K] @ w.T for w [N, K], computed as (w @ x.T).T: the batch runs along the columns.
 
-    Measured on MindSpore 2.10's CPU MatMul: a plain [B, K] x [K, N] product splits its rows
-    into tiles (and threads) whose boundaries depend on B, and a row in a tail tile is summed in
-    another order (~1e-7 apart), whatever the number of threads; neither fixed 64-row blocks nor
-    a batched product of 64-row blocks is invariant for every block count. One product per row
-    is: each row's dot products are summed in the same order whatever B is.
-    The backward pass is the ordinary matrix product (gradients need not be batch-invariant),
-    so strict training costs only the forward difference."""
+    Measured on MindSpore 2.10's CPU MatMul: a [B, K] x [K, N] product splits its B rows into
+    tiles (and threads) whose boundaries depend on B, and a row in a tail tile is summed in
+    another order (~1e-7 apart); neither fixed 64-row blocks nor a batched product of 64-row
+    blocks was invariant for every block count. With the batch as the column dimension of
+    [N, K] x [K, B], every column was bitwise the same for every B that is a multiple of 16, at
+    the cost of the plain product; one [1, K] x [K, N] product per row (batched GEMV) was
+    invariant too but 2-3x slower at B >= 256.
+    The backward pass is the ordinary matrix product (gradients need not be batch-invariant)."""
 
     def construct(self, x, w):
-        rows = x.shape[0]
-        wt = ops.broadcast_to(w.T, (rows, w.shape[1], w.shape[0]))  # [B, K, N], a view per row
-        return ops.bmm(x.reshape(rows, 1, -1), wt).reshape(rows, -1)
+        return ops.matmul(w, x.T).T
 
     def bprop(self, x, w, out, dout):
         return ops.matmul(dout, w), ops.matmul(dout.T, x)
 
 
 class BatchInvariantDense(nn.Dense):
-    """`parity: strict` Dense: the same parameters as `nn.Dense`, the product taken row by row
-    (`RowWiseMatMul`) so every output row is bitwise independent of the batch it is in."""
+    """`parity: strict` Dense: the same parameters as `nn.Dense`, the product taken with the batch
+    along the columns (`RowWiseMatMul`) so every output row is bitwise independent of the batch
+    it is in (given whole `BLOCK_ROWS` blocks)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
