@@ -38,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "ascend"), help="MindSpore device")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--access-log", action="store_true", help="log every request (costs CPU at high rates)")
+    parser.add_argument("--profile", action="store_true",
+                        help="run MindSpore's Profiler over a window of served batches; output in <policy>/profile "
+                             "with a table of the slowest operators")
+    parser.add_argument("--profile-steps", type=int, default=20, metavar="N",
+                        help="served batches recorded by --profile (default 20)")
+    parser.add_argument("--profile-skip", type=int, default=5, metavar="N",
+                        help="served batches before the window opens (default 5)")
     return parser
 
 
@@ -60,6 +67,15 @@ def _uvicorn_impl() -> tuple[str, str]:
     return ("httptools" if has("httptools") else "h11"), ("uvloop" if has("uvloop") else "asyncio")
 
 
+def profile_dir_for(policy: Path) -> Path:
+    """`--profile` output: `<run>/profile` for a run, its `policy/` dir or one of its versions."""
+    if (policy / "manifest.json").is_file():  # a version directory: keep it as exported
+        policy = policy.parent
+    if policy.name == "policy":
+        policy = policy.parent
+    return policy / "profile"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -67,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             policy=args.policy, host=args.host, port=args.port, max_batch=args.max_batch,
             max_wait_ms=args.max_wait_ms, max_rows=args.max_rows, max_body_bytes=args.max_body_bytes,
             token=args.token or os.environ.get(TOKEN_ENV) or None, reload_poll_s=args.reload_poll_s,
-            device=args.device, log_level=args.log_level, access_log=args.access_log)
+            device=args.device, log_level=args.log_level, access_log=args.access_log,
+            profile_dir=profile_dir_for(args.policy) if args.profile else None,
+            profile_steps=args.profile_steps, profile_skip=args.profile_skip)
     except ValidationError as err:
         problems = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors())
         print(f"error: {problems}", file=sys.stderr)

@@ -29,6 +29,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
 from rlstack.artifact import MANIFEST_FILE, ArtifactError, Policy, load_policy, resolve_version_dir
+from rlstack.profiling import ProfileWindow
 from rlstack.runtime import Runtime, configure
 from rlstack.serving.batcher import Batcher, ServedPolicy, bucket_sizes
 from rlstack.serving.metrics import ServeMetrics
@@ -357,8 +358,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         policy = await loop.run_in_executor(loader, functools.partial(
             load_policy, settings.policy, device=runtime.device, fusion=runtime.fusion))
         served = ServedPolicy.of(policy, bucket_sizes(settings.max_batch, settings.max_rows))
+        profile = None
+        if settings.profile_dir is not None:
+            profile = ProfileWindow(settings.profile_dir, steps=settings.profile_steps, skip=settings.profile_skip,
+                                    printer=log.info)
         batcher = Batcher(served, max_batch=settings.max_batch, max_wait_s=settings.max_wait_s,
-                          metrics=metrics, executor=graph_thread)
+                          metrics=metrics, executor=graph_thread, profile=profile)
         t0 = time.perf_counter()
         await batcher.compile(served)
     except ArtifactError as err:

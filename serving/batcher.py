@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rlstack.artifact import ArtifactError, Policy
+from rlstack.profiling import ProfileWindow
 from rlstack.serving.metrics import ServeMetrics
 
 
@@ -116,7 +117,7 @@ class Batcher:
     """Gathers concurrent `submit` calls into graph calls of at most `max_batch` rows."""
 
     def __init__(self, served: ServedPolicy, *, max_batch: int, max_wait_s: float, metrics: ServeMetrics,
-                 executor: ThreadPoolExecutor):
+                 executor: ThreadPoolExecutor, profile: ProfileWindow | None = None):
         self.served = served
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -127,6 +128,7 @@ class Batcher:
         self._wake = asyncio.Event()  # set when the queue turns non-empty or holds max_batch rows
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._profile = profile  # `--profile`: counts served batches, driven from the graph thread
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -139,6 +141,8 @@ class Batcher:
         self._wake.set()
         if self._task is not None:
             await self._task
+        if self._profile is not None:  # a window still recording is closed (and parsed) early
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._profile.close)
 
     async def compile(self, served: ServedPolicy) -> None:
         """Compile every bucket of `served` on the graph thread, one per job, so batches of the
@@ -224,4 +228,6 @@ class Batcher:
         t0 = time.perf_counter()
         result = served.run(obs, noise)
         self._metrics.graph_seconds.observe(time.perf_counter() - t0)
+        if self._profile is not None:
+            self._profile.step()
         return result

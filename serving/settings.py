@@ -40,6 +40,12 @@ class ServeSettings(BaseModel):
     """Python logging level for the server's own log and uvicorn's."""
     access_log: bool = False
     """One log line per request (off by default: at thousands of requests/s it costs real CPU)."""
+    profile_dir: Path | None = None
+    """MindSpore Profiler output directory (`--profile`: `<policy path>/profile`); None: no profiling."""
+    profile_steps: int = Field(20, ge=1)
+    """Served batches (graph calls) the profile records."""
+    profile_skip: int = Field(5, ge=0)
+    """Served batches before the profile starts (the first ones may still compile)."""
     graceful_timeout_s: float = Field(30.0, gt=0.0)
     """On SIGTERM, how long in-flight requests get to finish before connections are closed."""
 

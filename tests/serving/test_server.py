@@ -523,3 +523,23 @@ def test_cli_refuses_a_path_without_a_policy(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "rlstack.serve", str(tmp_path), "--max-batch", "0"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--max-batch" in r.stderr, r.stderr
+
+
+def test_profile_records_a_window_of_served_batches(trained_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "policy", run / "policy")
+    srv = ServerProcess([str(run / "policy" / "v000001"), "--max-batch", "1", "--token", "tok", "--profile",
+                         "--profile-steps", "3", "--profile-skip", "2"], tmp_path / "server.log")
+    try:
+        with httpx.Client(base_url=srv.url, headers={"Authorization": "Bearer tok"}, timeout=60.0) as c:
+            for i in range(8):  # skip 2 batches, record 3, then the window closes and is parsed
+                assert c.post("/v1/act", json={"obs": [0.0, 0.1, 0.0, 0.1], "seed": i}).status_code == 200
+        wait_for(lambda: (run / "profile" / "summary.json").is_file(), 120, "the profile summary")
+        summary = json.loads((run / "profile" / "summary.json").read_text())
+        assert summary["steps"] == 3, summary
+        assert list((run / "profile").glob("*_ascend_ms")), "no parsed MindSpore profile directory"
+        assert not (run / "policy" / "v000001" / "profile").exists()  # the version stays as exported
+    finally:
+        # Exit status not asserted: after a profile the server ended by SIGTERM (-15) instead of
+        # uvicorn's graceful exit 0 (seen, cause not yet found).
+        srv.stop()
