@@ -69,7 +69,9 @@ def _uvicorn_impl() -> tuple[str, str]:
 
 def profile_dir_for(policy: Path) -> Path:
     """`--profile` output: `<run>/profile` for a run, its `policy/` dir or one of its versions."""
-    if (policy / "manifest.json").is_file():  # a version directory: keep it as exported
+    from rlstack.artifact import MANIFEST_FILE  # imported here: `--help` does not load MindSpore
+
+    if (policy / MANIFEST_FILE).is_file():  # a version directory: keep it as exported
         policy = policy.parent
     if policy.name == "policy":
         policy = policy.parent

@@ -256,8 +256,7 @@ class Trainer:
 
     def export(self) -> Path:
         """Export the acting graph as the next policy version (obs statistics included)."""
-        if self.obs_rms is not None:
-            self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+        self._push_obs_stats()
         version = self._export_to(self.policy_dir, keep=self.cfg.train.keep_versions)
         self.check_parity(version)
         return version
@@ -296,8 +295,7 @@ class Trainer:
     def _export_acting_graph(self) -> Path:
         """The acting graph exported to a private directory (not a published version): what the
         in-process actor and the actor processes load before the first version is published."""
-        if self.obs_rms is not None:
-            self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+        self._push_obs_stats()
         self._acting_dir = Path(tempfile.mkdtemp(prefix="rlstack-acting-"))
         return self._export_to(self._acting_dir)
 
@@ -388,9 +386,8 @@ class Trainer:
         ep_return, ep_length = np.zeros(n_envs), np.zeros(n_envs, np.int64)
         split = self.split
         while self.counters.steps < total:
-            if self.obs_rms is not None:
-                # Statistics are frozen for a rollout so the recorded logp is what learning sees.
-                self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+            # Statistics are frozen for a rollout so the recorded logp is what learning sees.
+            self._push_obs_stats()
             for _ in range(algo.rollout_len):
                 t1 = time.perf_counter()
                 action, logp, value = acting(obs, acting.noise(n_envs, self.rng))
@@ -602,8 +599,7 @@ class Trainer:
                 buffer.add(traj.obs[t], traj.action[t], traj.logp[t], traj.value[t], reward[t], done[t])
             self.counters.steps += algo.rollout_len * n_envs
             batch = buffer.finish(traj.last_value, algo.gamma, algo.gae_lambda)
-            if self.obs_rms is not None:
-                self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+            self._push_obs_stats()
             progress_remaining = max(0.0, 1.0 - (self.counters.steps - algo.rollout_len * n_envs) / total)
             start = time.perf_counter()
             metrics = algo.learn(batch, progress_remaining, self.rng)
@@ -648,6 +644,11 @@ class Trainer:
                 self._log_update({k: float(np.mean([m[k] for m in pending if k in m])) for k in keys} or stale)
                 last_log, pending = c.steps, []
 
+    def _push_obs_stats(self) -> None:
+        """Copy the running observation statistics into the network's in-graph normaliser."""
+        if self.obs_rms is not None:
+            self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+
     def _periodic_eval(self) -> None:
         """`train.eval_every`: a deterministic evaluation once the step counter passes the next
         multiple; the best one's parameters are kept for `train.keep_best`."""
@@ -655,8 +656,7 @@ class Trainer:
         if steps < self._next_eval:
             return
         self._next_eval = (steps // every + 1) * every
-        if self.obs_rms is not None:
-            self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
+        self._push_obs_stats()
         returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 20_000)
         mean = float(returns.mean())
         self.log.scalars({"eval/mean_return": mean, "eval/std_return": float(returns.std())}, steps)
