@@ -1,9 +1,13 @@
 """Config loading: YAML + dotted overrides; typos and wrong types are named with their close matches."""
 
+from pathlib import Path
+
 import pytest
 
 from rlstack.config import ConfigError, config_hash, load_config, to_dict
 from rlstack.envs import EnvError, make_vector_env
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_default_config_is_the_zoo_cartpole():
@@ -74,3 +78,9 @@ def test_saved_config_round_trips_and_hash_is_stable():
 def test_bad_env_id_says_so_plainly():
     with pytest.raises(EnvError, match="unknown environment id 'CartPol-v1'.*CartPole-v1"):
         make_vector_env("CartPol-v1", 2)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_every_shipped_config_loads(name):
+    cfg = load_config(CONFIGS / name)
+    assert cfg.env.id and cfg.train.total_steps > 0
