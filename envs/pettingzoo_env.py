@@ -66,7 +66,7 @@ class GameAECEnv(AECEnv):
         boards = self.game.boards
         planes = boards.planes(player=np.array([player]))[0]
         mask = np.zeros(self.spec.n_actions, np.int8)
-        if agent == self.agent_selection and not self.game.done:
+        if agent == self.agent_selection:  # the legal mask is all 0 once the game is over
             mask = boards.legal_mask()[0].astype(np.int8)
         return {OBS_KEY: planes, MASK_KEY: mask}
 

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--access-log", action="store_true", help="log every request (costs CPU at high rates)")
     parser.add_argument("--profile", action="store_true",
-                        help="run MindSpore's Profiler over a window of served batches; output in <policy>/profile "
+                        help="run MindSpore's Profiler over a window of served batches; output in <run>/profile "
                              "with a table of the slowest operators")
     parser.add_argument("--profile-steps", type=int, default=20, metavar="N",
                         help="served batches recorded by --profile (default 20)")

@@ -41,7 +41,7 @@ class ServeSettings(BaseModel):
     access_log: bool = False
     """One log line per request (off by default: at thousands of requests/s it costs real CPU)."""
     profile_dir: Path | None = None
-    """MindSpore Profiler output directory (`--profile`: `<policy path>/profile`); None: no profiling."""
+    """MindSpore Profiler output directory (`--profile`: `<run>/profile`, beside `policy/`); None: no profiling."""
     profile_steps: int = Field(20, ge=1)
     """Served batches (graph calls) the profile records."""
     profile_skip: int = Field(5, ge=0)
