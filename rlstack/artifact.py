@@ -17,7 +17,7 @@ import re
 import shutil
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,6 +27,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from rlstack.fsutil import atomic_directory, atomic_write_text
+from rlstack.graphcall import LeanCall
 from rlstack.network import BLOCK_ROWS, Network, NoiseKind, sample_noise
 from rlstack.spaces import MaskedBox, flat_masked_space
 
@@ -215,6 +216,11 @@ class Policy:
     graph: nn.GraphCell
     manifest: dict[str, Any]
     path: Path
+    call: LeanCall = field(init=False, repr=False)
+    """How the graph is run (`rlstack.graphcall`): `graph(obs, noise)` with less work per call."""
+
+    def __post_init__(self) -> None:
+        self.call = LeanCall(self.graph)
 
     @property
     def version(self) -> str:
@@ -241,7 +247,7 @@ class Policy:
             pad = block - rows % block
             obs = np.concatenate([obs, np.zeros((pad, *obs.shape[1:]), np.float32)])
             noise = np.concatenate([noise, np.zeros((pad, *noise.shape[1:]), np.float32)])
-        action, logp, value = self.graph(Tensor(obs), Tensor(noise))
+        action, logp, value = self.call(Tensor(obs), Tensor(noise))
         return ActResult(action.asnumpy()[:rows], logp.asnumpy()[:rows], value.asnumpy()[:rows])
 
     def act(self, obs: Any, deterministic: bool = False, seed: int | None = None,

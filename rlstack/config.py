@@ -98,9 +98,11 @@ class TrainConfig:
     """Deterministic evaluation (`env.eval_episodes` episodes) every this many environment steps,
     logged as `eval/mean_return` (0: only the final evaluation)."""
     keep_best: bool = False
-    """With `eval_every`: the final policy (export and `summary.json`'s evaluation) is the network
-    of the best periodic evaluation instead of the last one, as SB3's EvalCallback best model.
-    The checkpoint keeps the last network, so `--resume` continues the run itself."""
+    """With `eval_every` (or, on the two-player games, `selfplay.eval_every`): the final policy
+    (export and `summary.json`'s evaluation) is the network of the best periodic evaluation instead
+    of the last one, as SB3's EvalCallback best model. On the games the best evaluation is the one
+    with the fewest losses to minimax, then the fewest to the random player, then the most wins
+    against it. The checkpoint keeps the last network, so `--resume` continues the run itself."""
 
 
 @dataclass

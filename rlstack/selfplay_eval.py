@@ -217,9 +217,13 @@ class SelfPlayHook:
             scalars[f"eval/elo/{name}"] = rating
         trainer.log.scalars(scalars, c.steps)
         r, m = record[f"vs_{self.random.name}"], record[f"vs_{self.minimax.name}"]
+        best = ""
+        if trainer.cfg.train.keep_best and trainer.consider_best(
+                (m["wins"] - m["losses"]) / m["games"], (-m["losses"], -r["losses"], r["wins"])):
+            best = " (best so far)"
         trainer.log.message(
             f"selfplay eval @ {c.steps:,} steps: vs random W/D/L {r['wins']}/{r['draws']}/{r['losses']}, "
-            f"vs {self.minimax.name} {m['wins']}/{m['draws']}/{m['losses']}, Elo current {elo[CURRENT]:.0f}")
+            f"vs {self.minimax.name} {m['wins']}/{m['draws']}/{m['losses']}, Elo current {elo[CURRENT]:.0f}{best}")
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out / "eval.json", json.dumps(self.history, indent=2))
         return record
@@ -251,9 +255,10 @@ class SelfPlayHook:
         vs_snapshots = {k: v.as_dict() for k, v in vs_snapshots.items() if k in snapshots}
         return elo_ratings(names, results, anchor=self.random.name), vs_snapshots
 
-    def finish(self, trainer: Trainer) -> dict[str, Any]:
-        """Final evaluation (unless the last update was just evaluated) -> `summary.json` entries."""
-        if self.last_eval_update != trainer.counters.updates:
+    def finish(self, trainer: Trainer, again: bool = False) -> dict[str, Any]:
+        """Final evaluation (unless the last update was just evaluated and `again` is False, as it
+        is when the final policy is the best evaluation's) -> `summary.json` entries."""
+        if again or self.last_eval_update != trainer.counters.updates:
             self.evaluate(trainer)
         last = self.history[-1]
         return {

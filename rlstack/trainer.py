@@ -117,6 +117,9 @@ class BestEval:
     mean_return: float
     steps: int
     params: dict[str, np.ndarray]
+    rank: tuple[float, ...]
+    """What "best" compares, larger is better: `(mean_return,)`, or on the games
+    (-losses vs minimax, -losses vs random, wins vs random)."""
 
 
 def default_out_dir(cfg: Config) -> Path:
@@ -372,7 +375,7 @@ class Trainer:
         self.log.message(f"eval: mean return {summary['eval/mean_return']:.2f} +- {summary['eval/std_return']:.2f} "
                          f"over {len(returns)} episodes; {summary['steps_per_second']:,.0f} steps/s")
         if selfplay is not None:
-            summary.update(selfplay.finish(self))
+            summary.update(selfplay.finish(self, again=best is not None))
         self.log.close()
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
         return summary
@@ -660,15 +663,25 @@ class Trainer:
         returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 20_000)
         mean = float(returns.mean())
         self.log.scalars({"eval/mean_return": mean, "eval/std_return": float(returns.std())}, steps)
-        if self.best is None or mean > self.best.mean_return:
-            params = {p.name: p.asnumpy().copy() for p in self.network.get_parameters()}
-            self.best = BestEval(mean, steps, params)
+        if self.consider_best(mean, (mean,)):
             self.log.message(f"eval at {steps:,} steps: mean return {mean:.2f} (best so far)")
 
+    def consider_best(self, mean_return: float, rank: tuple[float, ...]) -> bool:
+        """Keep the network's parameters if `rank` beats the best evaluation so far (the earliest
+        wins a tie); True if they were kept."""
+        if self.best is not None and rank <= self.best.rank:
+            return False
+        params = {p.name: p.asnumpy().copy() for p in self.network.get_parameters()}
+        self.best = BestEval(mean_return, self.counters.steps, params, rank)
+        return True
+
     def _restore_best(self) -> None:
-        """Put the parameters of the best periodic evaluation back into the network."""
+        """Put the parameters of the best periodic evaluation back into the network (and into the
+        in-process acting graph, which otherwise refreshes only when the update count changes)."""
         for p in self.network.get_parameters():
             p.set_data(Tensor(self.best.params[p.name]))
+        if self.acting is not self.live_acting:
+            self.acting.sync_from(self.network, self.counters.updates)
 
     def _run_update_hooks(self) -> None:
         for hook in self.update_hooks:

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "selfplay": "rlstack.bench.selfplay",
     "serve": "rlstack.bench.serve",
     "actors": "rlstack.bench.actors",
+    "seeds": "rlstack.bench.seeds",
 }
 
 

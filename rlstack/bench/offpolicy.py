@@ -54,7 +54,7 @@ def run(name: str, default_config: str, argv: list[str]) -> int:
         "n_envs": cfg.env.n_envs,
         "total_steps": cfg.train.total_steps,
         "gradient_steps_per_update": cfg.train.gradient_steps,
-        "graph_calls_per_update": 1,  # all gradient steps of an update run in one graph call
+        "graph_calls_per_gradient_step": 1,
         "runs": runs,
         "eval_mean_return_over_seeds": sum(r["eval_mean_return"] for r in runs) / len(runs),
         "steps_per_second_over_seeds": sum(r["steps_per_second"] for r in runs) / len(runs),

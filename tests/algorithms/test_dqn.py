@@ -9,6 +9,7 @@ from mindspore import Tensor
 
 from rlstack.algorithms.dqn import DQN, linear_epsilon, td_target
 from rlstack.algorithms.ppo import PPO
+from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
 from rlstack.network import Network, NoiseKind
 from rlstack.replay import ReplayBuffer
@@ -103,7 +104,7 @@ def test_hard_target_update_every_interval_of_env_steps():
     algo.learn(replay, 1.0, rng, 19)  # next multiple (20) not reached
     for k, v in _params(algo.target).items():
         np.testing.assert_array_equal(v, synced[k])
-    assert int(algo.update.target_synced_at.asnumpy()) == 12
+    assert int(algo.step.target_synced_at.asnumpy()) == 12
 
 
 def test_polyak_target_update_compounds_the_updates_due():
@@ -210,7 +211,7 @@ def test_short_run_logs_scalars_and_resumes(tmp_path):
 
 @pytest.mark.learning
 def test_dqn_solves_cartpole_within_5e4_steps(tmp_path):
-    summary = Trainer(load_config(CONFIG, ["seed=0", "train.progress=log"]), tmp_path / "run").train()
+    summary = LEARNING_RUNS["dqn"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
     assert summary["total_steps"] == 50_000
     assert summary["final_policy"] == "best"  # configs/dqn_cartpole.yaml: train.keep_best
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]

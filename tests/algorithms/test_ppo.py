@@ -7,6 +7,7 @@ import pytest
 from mindspore import Tensor
 
 from rlstack.algorithms.ppo import PPO, PPOLoss
+from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
 from rlstack.trainer import Trainer
 
@@ -50,7 +51,6 @@ def test_linear_schedules_reach_the_optimizer(tmp_path):
 
 @pytest.mark.learning
 def test_ppo_solves_cartpole_within_1e5_steps(tmp_path):
-    cfg = load_config(None, ["seed=0", "train.progress=log"])
-    summary = Trainer(cfg, tmp_path / "run").train()
+    summary = LEARNING_RUNS["ppo"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
     assert summary["total_steps"] <= 100_000 + 256
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]

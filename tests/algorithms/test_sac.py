@@ -12,6 +12,7 @@ from mindspore import Tensor
 
 from rlstack.algorithms.ppo import PPO
 from rlstack.algorithms.sac import SAC, parse_ent_coef
+from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
 from rlstack.network import Network, NoiseKind
 from rlstack.replay import ReplayBuffer
@@ -225,9 +226,7 @@ def test_zoo_hyperparameters_in_the_configs():
 
 @pytest.mark.learning
 def test_sac_solves_pendulum_within_2e4_steps(tmp_path):
-    # The Zoo config at half its 2e4-step budget: SAC reaches ~-150 by 5e3 steps (measured), and
-    # the full budget costs ~10 minutes of CI at ~35 steps/s (`python -m rlstack.bench sac` runs it).
-    overrides = ["seed=0", "train.progress=log", "train.total_steps=10000"]
-    summary = Trainer(load_config(CONFIG, overrides), tmp_path / "run").train()
+    # The Zoo config at half its 2e4-step budget (`python -m rlstack.bench sac` runs the whole budget).
+    summary = LEARNING_RUNS["sac"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
     assert summary["total_steps"] == 10_000
     assert summary["eval/mean_return"] >= -200, summary["eval/returns"]

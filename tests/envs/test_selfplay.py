@@ -12,6 +12,7 @@ import pytest
 from mindspore import Tensor, nn
 
 from rlstack.artifact import export_policy, list_versions
+from rlstack.bench.seeds import LEARNING_RUNS, tictactoe_losses_to_perfect_play
 from rlstack.config import load_config
 from rlstack.envs import make_vector_env
 from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, Boards, IllegalMoveError
@@ -340,15 +341,14 @@ def test_trainer_fills_the_pool_and_logs_evaluations(tmp_path):
 @pytest.mark.learning
 @pytest.mark.timeout(1800)
 def test_tictactoe_selfplay_agent_never_loses_to_a_perfect_player(tmp_path):
-    from rlstack.trainer import Trainer
-
-    cfg = load_config(CONFIGS / "ppo_tictactoe_selfplay.yaml", ["train.progress=off", "selfplay.eval_every=0"])
+    run = LEARNING_RUNS["tictactoe"]  # also `python -m rlstack.bench seeds`
+    cfg = load_config(CONFIGS / run.config)
     assert cfg.train.total_steps == 200_000 and 0.0 < cfg.selfplay.sparring_prob < 1.0
-    summary = Trainer(cfg, tmp_path / "run").train()
+    summary = run.train(0, tmp_path / "run")
     assert sum(summary["selfplay/pool_record"].values()) == summary["episodes"]  # every game recorded
     assert len(summary["selfplay/pool"]) == cfg.selfplay.pool_size  # its own exported versions
-    policy = load_player(tmp_path / "run", TICTACTOE, sample=False)  # the exported graph, argmax moves
-    perfect = perfect_player(TICTACTOE, seed=123)  # random among optimal moves: many different lines
-    result = play_match(TICTACTOE, policy, perfect, 100, np.random.default_rng(7))
+    # The exported graph, argmax moves, against the perfect player choosing at random among its
+    # optimal moves (many different lines), seats alternating.
+    result = tictactoe_losses_to_perfect_play(tmp_path / "run", games=100)
     assert result.games == 100
     assert result.losses == 0, f"lost {result.losses} of 100 games to perfect play ({result})"

@@ -10,6 +10,7 @@ import pytest
 from mindspore import Tensor
 
 from rlstack.artifact import export_policy, load_policy
+from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
 from rlstack.network import NetSpec, Network, PolicyKind, QKind
 from rlstack.serving.actor import (
@@ -20,7 +21,6 @@ from rlstack.serving.actor import (
     Trajectory,
     weights_of,
 )
-from rlstack.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ENV = gym.make("CartPole-v1")
@@ -137,16 +137,14 @@ def test_a_failing_actor_is_reported_with_its_traceback(tmp_path):
 
 @pytest.mark.learning
 def test_ppo_solves_cartpole_with_two_actor_processes(tmp_path):
-    cfg = load_config(None, ["seed=0", "actors=2", "train.progress=log"])
-    summary = Trainer(cfg, tmp_path / "run").train()
+    summary = LEARNING_RUNS["ppo_actors"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
     assert summary["total_steps"] <= 100_000 + 256
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
 
 
 @pytest.mark.learning
 def test_dqn_solves_cartpole_with_two_actor_processes(tmp_path):
-    cfg = load_config(CONFIGS / "dqn_cartpole.yaml", ["seed=0", "actors=2", "train.progress=log"])
-    summary = Trainer(cfg, tmp_path / "run").train()
+    summary = LEARNING_RUNS["dqn_actors"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
 
 

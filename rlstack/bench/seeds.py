@@ -1,0 +1,152 @@
+"""`python -m rlstack.bench seeds`: every learning test's run over a list of seeds, with the test's
+own threshold, printed per seed: the evidence behind each learning test's margin.
+
+The learning tests train exactly the runs defined here (`LEARNING_RUNS`), from their own seed; this
+command trains the same runs from other seeds too. Each run is a fresh process (MindSpore keeps
+per-process state); `--jobs` runs that many side by side (one per core is the most this CPU
+backend uses).
+
+    python -m rlstack.bench seeds                            # every run x seeds 0,1,2,3,4
+    python -m rlstack.bench seeds --runs dqn,sac --seeds 0,5,6,7,8 --jobs 2 --out seeds.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@dataclass(frozen=True)
+class LearningRun:
+    """One learning test's training run and its pass criterion."""
+
+    config: str
+    """Shipped config file under `configs/`."""
+    test: str
+    """The test that trains this run from its own seed."""
+    min_return: float | None
+    """The test's threshold on the final deterministic evaluation (`eval/mean_return`); None for
+    tic-tac-toe, whose test asserts no loss against perfect play instead."""
+    overrides: tuple[str, ...] = field(default=())
+
+    @property
+    def threshold(self) -> str:
+        if self.min_return is None:
+            return "0 losses in 100 games against perfect play"
+        return f"eval/mean_return >= {self.min_return:g}"
+
+    def train(self, seed: int, out: str | Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Train the run from `seed` into `out`; the run's `summary.json` as a dict."""
+        from rlstack.config import load_config
+        from rlstack.trainer import Trainer
+
+        overrides = [f"seed={seed}", "train.progress=log", *self.overrides, *extra]
+        return Trainer(load_config(CONFIGS / self.config, overrides), out).train()
+
+
+def tictactoe_losses_to_perfect_play(run_dir: str | Path, games: int = 100) -> Any:
+    """The exported policy (argmax moves) against the perfect player: a `MatchResult`, seats
+    alternating, the perfect player choosing at random among its optimal moves."""
+    import numpy as np
+
+    from rlstack.envs.games import TICTACTOE
+    from rlstack.envs.minimax import perfect_player
+    from rlstack.envs.selfplay import load_player
+    from rlstack.selfplay_eval import play_match
+
+    policy = load_player(run_dir, TICTACTOE, sample=False)  # the exported graph, argmax moves
+    return play_match(TICTACTOE, policy, perfect_player(TICTACTOE, seed=123), games, np.random.default_rng(7))
+
+
+LEARNING_RUNS: dict[str, LearningRun] = {
+    "ppo": LearningRun("ppo_cartpole.yaml", "tests/algorithms/test_ppo.py::test_ppo_solves_cartpole_within_1e5_steps",
+                       475.0),
+    "ppo_actors": LearningRun("ppo_cartpole.yaml",
+                              "tests/serving/test_actor.py::test_ppo_solves_cartpole_with_two_actor_processes",
+                              475.0, ("actors=2",)),
+    "dqn": LearningRun("dqn_cartpole.yaml", "tests/algorithms/test_dqn.py::test_dqn_solves_cartpole_within_5e4_steps",
+                       475.0),
+    "dqn_actors": LearningRun("dqn_cartpole.yaml",
+                              "tests/serving/test_actor.py::test_dqn_solves_cartpole_with_two_actor_processes",
+                              475.0, ("actors=2",)),
+    # The Zoo config at half its 2e4-step budget (`python -m rlstack.bench sac` runs the whole budget).
+    "sac": LearningRun("sac_pendulum.yaml", "tests/algorithms/test_sac.py::test_sac_solves_pendulum_within_2e4_steps",
+                       -200.0, ("train.total_steps=10000",)),
+    "tictactoe": LearningRun(
+        "ppo_tictactoe_selfplay.yaml",
+        "tests/envs/test_selfplay.py::test_tictactoe_selfplay_agent_never_loses_to_a_perfect_player",
+        None),
+}
+
+
+def _one(name: str, seed: int, extra: tuple[str, ...]) -> dict[str, Any]:
+    """Train one run from one seed (in a worker process) and judge it as its test does."""
+    run = LEARNING_RUNS[name]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"rlstack-seeds-{name}-{seed}-") as out:
+        summary = run.train(seed, out, extra)
+        row: dict[str, Any] = {"run": name, "seed": seed, "total_steps": summary["total_steps"],
+                               "wall_seconds": round(time.perf_counter() - start, 1),
+                               "final_policy": summary.get("final_policy"),
+                               "eval_mean_return": round(summary["eval/mean_return"], 2)}
+        if run.min_return is None:
+            match = tictactoe_losses_to_perfect_play(out)
+            row.update(result=f"{match.losses} losses ({match.wins}/{match.draws}/{match.losses})",
+                       passed=match.losses == 0)
+        else:
+            row.update(result=row["eval_mean_return"], passed=summary["eval/mean_return"] >= run.min_return)
+    return row
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlstack.bench seeds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default=",".join(LEARNING_RUNS),
+                        help=f"comma-separated runs (default: all of {', '.join(LEARNING_RUNS)})")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default: 0,1,2,3,4)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained side by side (default: 1)")
+    parser.add_argument("--out", default=None, help="also write the JSON result to this file")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
+    args = parser.parse_args(argv)
+    names = [n for n in args.runs.split(",") if n]
+    unknown = [n for n in names if n not in LEARNING_RUNS]
+    if unknown:
+        parser.error(f"unknown run {', '.join(unknown)}; available: {', '.join(LEARNING_RUNS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    jobs = [(n, s) for n in names for s in seeds]
+    rows: list[dict[str, Any]] = []
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=ctx, max_tasks_per_child=1) as pool:
+        futures = {pool.submit(_one, n, s, tuple(args.overrides)): (n, s) for n, s in jobs}
+        for future in as_completed(futures):
+            n, s = futures[future]
+            try:
+                row = future.result()
+            except Exception as err:  # a crashed run is a result too, not the end of the sweep
+                row = {"run": n, "seed": s, "result": f"error: {err!r}", "passed": False}
+            rows.append(row)
+            print(f"{n:11s} seed {s:3d}: {row['result']}  {'pass' if row['passed'] else 'FAIL'}"
+                  f"  ({row.get('wall_seconds', '-')} s)", flush=True)
+    rows.sort(key=lambda r: (names.index(r["run"]), seeds.index(r["seed"])))
+    table = {n: {"test": LEARNING_RUNS[n].test, "threshold": LEARNING_RUNS[n].threshold,
+                 "passed": sum(r["passed"] for r in rows if r["run"] == n),
+                 "seeds": [r for r in rows if r["run"] == n]} for n in names}
+    result = {"benchmark": "seeds", "seeds": seeds, "overrides": args.overrides, "runs": table}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    print("\n| run | " + " | ".join(f"seed {s}" for s in seeds) + " | passed |")
+    print("|---|" + "---|" * (len(seeds) + 1))
+    for n in names:
+        cells = [str(r["result"]) for r in table[n]["seeds"]]
+        print(f"| {n} | " + " | ".join(cells) + f" | {table[n]['passed']}/{len(seeds)} |")
+    return 0
