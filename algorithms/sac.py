@@ -192,7 +192,7 @@ class SAC:
         spec = NetSpec(hidden=tuple(cfg.net.hidden), activation=cfg.net.activation,
                        policy=PolicyKind.SQUASHED_GAUSSIAN, value=False, q=QKind.CONTINUOUS,
                        n_critics=self.cfg.n_critics, normalize_obs=cfg.net.normalize_obs,
-                       obs_clip=cfg.net.obs_clip, ortho_init=cfg.net.ortho_init)
+                       obs_clip=cfg.net.obs_clip, ortho_init=cfg.net.ortho_init, act_value=False)
         self.network = Network(obs_space, action_space, spec)
         self.target = Network(obs_space, action_space, spec)
         for src, dst in zip(self.network.get_parameters(), self.target.get_parameters(), strict=True):

@@ -116,6 +116,8 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
             "noise": {"kind": network.noise_kind.value, "dim": network.noise_dim},
             "inputs": {"obs": [None, *obs_shape], "noise": [None, network.noise_dim]},
             "outputs": ["action", "logp", "value"],
+            # V(s) (state_value), max_a Q (max_q), min_i Q_i(s, a) (min_q), or zeros (none)
+            "value": network.value_kind,
             "dtype": "float32",
             "obs_normalization": {"enabled": bool(network.spec.normalize_obs), "clip": network.spec.obs_clip},
             "mindspore_version": ms.__version__,

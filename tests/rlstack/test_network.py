@@ -1,5 +1,6 @@
 """The network module: distributions against numpy, Gumbel-max sampling, act/evaluate agreement."""
 
+import dataclasses
 import math
 
 import gymnasium as gym
@@ -104,3 +105,24 @@ def test_heads_are_checked_against_spaces():
         Network(OBS, gym.spaces.Box(-1, 1, (2,)), NetSpec(policy=PolicyKind.CATEGORICAL))
     with pytest.raises(ValueError, match="Box action space"):
         Network(OBS, gym.spaces.Discrete(2), NetSpec(policy=PolicyKind.NONE, value=False, q=QKind.CONTINUOUS))
+
+
+def test_act_value_is_min_q_for_twin_critics_unless_switched_off():
+    box = gym.spaces.Box(-2, 2, (2,), np.float32)
+    obs_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((16, 3)).astype(np.float32)
+    noise = rng.standard_normal((16, 2)).astype(np.float32)
+    spec = NetSpec(policy=PolicyKind.SQUASHED_GAUSSIAN, value=False, q=QKind.CONTINUOUS)
+    ms.set_seed(0)
+    with_q = Network(obs_space, box, spec)
+    ms.set_seed(0)
+    without = Network(obs_space, box, dataclasses.replace(spec, act_value=False))
+    assert (with_q.value_kind, without.value_kind) == ("min_q", "none")
+    action, logp, value = (x.asnumpy() for x in with_q(Tensor(obs), Tensor(noise)))
+    q = ms.jit(with_q.q_sa)(Tensor(obs), Tensor(action)).asnumpy()
+    np.testing.assert_allclose(value, q.min(0), rtol=1e-5, atol=1e-6)
+    action2, logp2, zeros = (x.asnumpy() for x in without(Tensor(obs), Tensor(noise)))
+    np.testing.assert_array_equal(action2, action)  # same parameters, same actor
+    np.testing.assert_array_equal(logp2, logp)
+    np.testing.assert_array_equal(zeros, np.zeros(16, np.float32))
