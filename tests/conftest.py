@@ -1,8 +1,15 @@
-"""Shared fixtures: MindSpore in graph mode on the CPU for every test process."""
+"""Shared fixtures: MindSpore in graph mode on the CPU for every test process; the files with
+learning tests run first, so the suite's longest runs start while the short tests fill the
+other pytest-xdist workers."""
 
 from __future__ import annotations
 
 import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    learning_files = {item.path for item in items if item.get_closest_marker("learning")}
+    items.sort(key=lambda item: item.path not in learning_files)  # stable: file order kept otherwise
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,6 +14,7 @@ BENCHMARKS = {
     "serve": "rlstack.bench.serve",
     "actors": "rlstack.bench.actors",
     "seeds": "rlstack.bench.seeds",
+    "graphs": "rlstack.bench.graphs",
 }
 
 

@@ -1,20 +1,17 @@
 """`python -m rlstack.bench graphs`: a census of the compiled graphs a config runs (acting, update,
 evaluation, parity), each with its kernel count, the runtime's thread mode, compilations and time per call.
 
-The config trains for a few updates in a child process (MindSpore reads its log settings at import)
-and the census is read from what MindSpore 2.10 itself reports there:
-
-- kernels: `[Kernel actors:N]` of the runtime's actor-set dump `actor_set/<i>_actor_set_*.ir`
-  (`MS_DEV_SAVE_GRAPHS=1`; `MS_DEV_DUMP_IR_PASSES` set to match no pass keeps the other IR files
-  away). That N is what `GraphScheduler::CheckSingleThreadRunningCondition` compares with 100;
-  control-flow, copy and super-kernel actors rule single-thread mode out whatever N is.
+The config trains briefly in a child process (MindSpore reads its log settings at import), and the
+census is what MindSpore 2.10 reports there:
+- kernels: `[Kernel actors:N]` in the runtime's actor-set dump (`MS_DEV_SAVE_GRAPHS=1`, other IR
+  files filtered away), the N `GraphScheduler::CheckSingleThreadRunningCondition` compares with 100
+  (control-flow, copy and super-kernel actors rule single-thread mode out whatever N is);
 - mode and time: the runtime's INFO line per execution, `<actor set> execution count: C, execution
-  time: T ms in multi thread or not: 0|1`; the flag is the mode that execution ran in (the first
-  always runs multi-threaded), T is launch to sync inside the runtime (no Python call overhead, but
-  the INFO logging itself, a few lines per execution, is inside it).
-- which graph: the child wraps `nn.Cell.compile` and reports every new compile phase with the
-  Cell's class, input shapes and rlstack call chain; the runtime logs `Start compiling, phase: P`
-  then `... produce actor: <actor set>`, which joins the two.
+  time: T ms in multi thread or not: 0|1`: the flag is the mode that execution ran in (the first is
+  always multi-threaded); T is launch to sync, without Python's call overhead but with the INFO logging;
+- which graph: the child wraps `nn.Cell.compile` to report each new compile phase (Cell class, input
+  shapes, rlstack call chain), and the runtime's `Start compiling, phase: P` ... `produce actor: A`
+  joins phase to actor set. Graphs run in other processes (`actors: N`, the server) are not seen.
 
     python -m rlstack.bench graphs --config configs/dqn_cartpole.yaml --json graphs.json
 """
@@ -30,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -43,18 +41,22 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "ppo_cartpole
 _PHASE = re.compile(r"Start compiling, phase: (\S+)")
 _ACTOR = re.compile(r"end compile function graph: (\S+), produce actor: (\S+),")
 _EXEC = re.compile(r"(\S+) execution count: \d+, execution time: ([-+.\deE]+) ms in multi thread or not: ([01])")
-# Purpose of a graph from its rlstack call chain (innermost frame first); the first match wins.
+# Purpose of a graph from its rlstack call chain: the first entry matching any frame wins.
 # None: an algorithm's own Cell, named by its class (PPOUpdate -> update, LearnerLogp -> learner_logp).
 # "parity" becomes parity_exported (the loaded version) or parity_live (the learner's module).
 ROLES: tuple[tuple[str, str | None], ...] = (
-    ("rlstack.parity:", "parity"), ("check_parity", "parity"), ("evaluate", "eval"),
-    ("_periodic_eval", "eval"), ("rlstack.selfplay_eval:", "eval"), ("rlstack.envs.", "opponent"),
-    ("rlstack.algorithms.", None), ("rlstack.serving.", "act"), ("Acting", "act"))
+    ("rlstack.algorithms.", None), ("rlstack.parity:", "parity"), ("check_parity", "parity"),
+    ("evaluate", "eval"), ("_periodic_eval", "eval"), ("rlstack.selfplay_eval:", "eval"),
+    ("rlstack.envs.", "opponent"), ("rlstack.serving.", "act"), ("Acting", "act"))
 
 
 class CensusError(RuntimeError):
-    """The config's short training run failed (e.g. its env cannot be made here); `args[1]` holds
-    the end of the run's stderr."""
+    """The config's short training run failed (e.g. its env cannot be made here)."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+        """The end of the run's stderr."""
 
 
 def budget(cfg: Any) -> list[str]:
@@ -85,12 +87,15 @@ def census(config_path: str | Path, overrides: list[str] | tuple[str, ...] = (),
                "--config", str(config_path), *run_overrides]
         with open(f"{tmp}/stdout", "w") as stdout:
             proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
-            compiles, built, runs, tail = _read_log(proc.stderr)
-            try:
-                code = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise CensusError(f"{config_path}: the run took more than {timeout} s") from None
+            expired = threading.Event()
+            timer = threading.Timer(timeout or 0, lambda: (expired.set(), proc.kill()))
+            if timeout:
+                timer.start()
+            compiles, built, runs, tail = _read_log(proc.stderr)  # until the child exits
+            code = proc.wait()
+            timer.cancel()
+        if expired.is_set():
+            raise CensusError(f"{config_path}: the run took more than {timeout} s", "\n".join(tail))
         if code != 0:
             last = next((line for line in reversed(tail) if line.strip()), "no message")
             raise CensusError(f"{config_path}: the run failed (exit {code}): {last}", "\n".join(tail))
@@ -127,15 +132,11 @@ def _actor_sets(folder: Path) -> dict[str, dict[str, Any]]:
     for path in sorted(folder.glob("*.ir")):
         text = path.read_text(errors="replace")
         name = re.search(r"actor_name:(\S+)_DataPrepareActor", text)
-        if name is None or name[1] in sets or "[Kernel actors:" not in text:
+        counts = {label: int(n) for label, n in re.findall(r"^\[([A-Za-z ]+):(\d+)\]$", text, re.M)}
+        if name is None or name[1] in sets or "Kernel actors" not in counts:
             continue
-
-        def count(label: str, text: str = text) -> int:
-            found = re.search(rf"^\[{label}:(\d+)\]", text, re.M)
-            return int(found[1]) if found else 0
-
-        sets[name[1]] = {"kernels": count("Kernel actors"), "super_kernel_actors": count("Super kernel actors"),
-                         "copy_actors": count("Copy actors"), "control_flow": "[Control actors]" in text}
+        sets[name[1]] = {"kernels": counts["Kernel actors"], "super_kernel_actors": counts.get("Super kernel actors", 0),
+                         "copy_actors": counts.get("Copy actors", 0), "control_flow": "[Control actors]" in text}
     return sets
 
 
@@ -201,8 +202,11 @@ def _watch_compiles() -> None:
         phase = getattr(cell, "compile_phase", "")
         if phase not in seen:
             seen.add(phase)
-            params = [p.name for p in inspect.signature(cell.construct).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            try:
+                params = [p.name for p in inspect.signature(cell.construct).parameters.values()
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            except (TypeError, ValueError):  # a construct without a Python signature
+                params = []
             shapes = [(params[i] if i < len(params) else "") + str(list(a.shape)).replace(" ", "")
                       for i, a in enumerate(args) if hasattr(a, "shape")]
             site, frame = [], sys._getframe(1)
@@ -250,7 +254,7 @@ def main(argv: list[str]) -> int:
         return _child(args.child_out, args.config, args.overrides)
     try:
         rows = census(args.config, args.overrides, timeout=args.timeout)
-    except CensusError as err:
+    except (CensusError, ValueError) as err:  # ValueError: rlstack.config.ConfigError
         print(f"cannot take the census: {err}", file=sys.stderr)
         return 1
     result = {"benchmark": "graphs", "config": args.config, "overrides": args.overrides,

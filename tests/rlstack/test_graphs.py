@@ -1,0 +1,60 @@
+"""`python -m rlstack.bench graphs`: the kernel census finds the acting graph under MindSpore's
+100-kernel single-thread line, and finds the update graphs."""
+
+import io
+import json
+from pathlib import Path
+
+from rlstack.bench import graphs
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+# Lines as MindSpore 2.10 writes them (GLOG INFO for PIPELINE and RUNTIME_FRAMEWORK), shortened.
+LOG = """\
+[INFO] PIPELINE(1,7f,python):2026-12-03 [graph_executor_py.cc:1] CompileInner] Start compiling, phase: train.1.2.3
+[INFO] RUNTIME_FRAMEWORK(1,7f,python):2026-12-03 [ms_backend_base.cc:1] Build] Status record: end compile function \
+graph: 2031_2030_rlstack_algorithms_ppo_PPOUpdate_construct_2471, produce actor: kernel_graph_1, backend_graph_id: 1
+rlstack-graphs-compile {"phase": "train.1.2.3", "cell": "PPOUpdate", "inputs": "obs[256,4]", \
+"site": ["rlstack.algorithms.ppo:PPO.learn"]}
+[INFO] RUNTIME_FRAMEWORK(1,7f,python):2026-12-03 [graph_scheduler.cc:1298] SetActorExecutionStrategy] kernel_graph_1 \
+execution count: 1, execution time: 109.5 ms in multi thread or not: 1.
+[INFO] RUNTIME_FRAMEWORK(1,7f,python):2026-12-03 [graph_scheduler.cc:1298] SetActorExecutionStrategy] kernel_graph_1 \
+execution count: 2, execution time: 70.25 ms in multi thread or not: 1.
+Traceback (most recent call last):
+"""
+
+
+def test_log_lines_are_joined_into_one_row_per_graph():
+    compiles, built, runs, tail = graphs._read_log(io.StringIO(LOG))
+    assert built == {"kernel_graph_1": {"phase": "train.1.2.3",
+                                        "func_graph": "2031_2030_rlstack_algorithms_ppo_PPOUpdate_construct_2471"}}
+    assert runs == {"kernel_graph_1": [(109.5, 1), (70.25, 1)]}
+    assert list(tail) == ["Traceback (most recent call last):"]
+    sets = {"kernel_graph_1": {"kernels": 101, "super_kernel_actors": 0, "copy_actors": 0, "control_flow": False}}
+    (row,) = graphs._rows(compiles, built, sets, runs, "ppo")
+    assert (row["graph"], row["cell"], row["kernels"], row["mode"]) == ("update", "PPOUpdate", 101, "multi")
+    assert (row["calls"], row["compiles"], row["ms_per_call"]) == (2, 1, 70.25)
+    assert row["single_thread_eligible"] is False  # 101 kernels: over the runtime's line
+
+
+def test_census_of_ppo_cartpole_acting_graph_is_single_threaded(record_property):
+    # Two rollouts of 8 envs x 32 steps: 64 acting calls, two updates, then export, parity and eval.
+    rows = graphs.census(CONFIGS / "ppo_cartpole.yaml", ["train.total_steps=512"], timeout=300)
+    print("\n" + graphs.format_table(rows))
+    record_property("graphs", json.dumps(rows))
+
+    act = [r for r in rows if r["graph"] == "act"]
+    assert act, f"no acting graph among {[r['graph'] for r in rows]}"
+    for row in act:
+        assert row["calls"] >= 64  # one call per vector step
+        assert 0 < row["kernels"] <= graphs.SINGLE_THREAD_MAX_KERNELS, row
+        assert row["mode"] == "single", row
+        assert row["ms_per_call"] > 0
+
+    # The update graphs are whatever the algorithm's `learn` calls (their thread mode is not asserted).
+    updates = [r for r in rows if "rlstack.algorithms." in r["called_from"]]
+    assert updates, f"no graph called from rlstack/algorithms among {[r['called_from'] for r in rows]}"
+    assert any(r["kernels"] and r["kernels"] > 0 and r["calls"] >= 2 for r in updates), updates
+    for row in updates:
+        print(f"update graph {row['graph']}: {row['kernels']} kernels, {row['mode']}-thread, "
+              f"{row['ms_per_call']} ms per call over {row['calls']} calls")
