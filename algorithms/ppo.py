@@ -6,8 +6,12 @@ Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper w
 - global gradient-norm clipping and Adam with eps=1e-5;
 - learning rate and clip range may be linear schedules (`lin_1e-3`, RL Baselines3 Zoo);
 - a truncated episode is bootstrapped with V(final_obs) (the trainer folds it into the reward);
-- every epoch and minibatch of one rollout runs inside *one* compiled graph call (see
-  `PPOUpdate`): the permutation is drawn on the host and passed in as indices.
+- one minibatch step is three compiled graph calls (`PPOStep`), each under MindSpore's
+  100-kernel single-thread limit: the policy loss's gradient, the value loss's gradient (the
+  two heads share no parameters, so the sum's gradient splits exactly), and global-norm
+  clipping plus Adam over both. One graph for the whole step had ~200 kernels; above 100 the
+  CPU runtime switches to multi-thread actor messaging and every kernel costs 4-9x more
+  (DESIGN: the 100-kernel line). Minibatch rows are gathered on the host.
 """
 
 from __future__ import annotations
@@ -22,11 +26,10 @@ from mindspore import Tensor, nn, ops
 from rlstack import registry
 from rlstack.buffers import RolloutBatch
 from rlstack.config import Config, ConfigError, TrainConfig
+from rlstack.graphcall import LeanCall
 from rlstack.network import NetSpec, Network, PolicyKind
+from rlstack.optim import clip_by_global_norm
 from rlstack.schedules import parse_schedule
-
-MAX_UNROLL = 32
-"""Most minibatch updates unrolled into one compiled graph call."""
 
 
 @dataclass
@@ -75,20 +78,18 @@ class PPOConfig(TrainConfig):
             raise ConfigError(f"'train.is_clip' must be > 0 (or null for no correction), got {self.is_clip}")
 
 
-class PPOLoss(nn.Cell):
-    """Clipped-surrogate loss of one minibatch; returns (loss, diagnostics)."""
+class PolicyLoss(nn.Cell):
+    """Clipped surrogate minus the entropy bonus of one minibatch [B]; returns (loss,
+    [policy_loss, entropy, approx_kl, clip_fraction, max |ratio - 1|])."""
 
     def __init__(self, network: Network, cfg: PPOConfig):
         super().__init__()
         self.network = network
-        self.vf_coef = cfg.vf_coef
         self.ent_coef = cfg.ent_coef
         self.normalize_advantage = cfg.normalize_advantage
-        self.clip_vf = cfg.clip_range_vf is not None
-        self.clip_range_vf = cfg.clip_range_vf if cfg.clip_range_vf is not None else 0.0
 
-    def construct(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight=None):
-        logp, entropy, value = self.network.evaluate(obs, action)  # [B] each
+    def construct(self, obs, action, old_logp, adv, clip_range, is_weight):
+        logp, entropy = self.network.policy_logp_entropy(obs, action)  # [B] each
         if self.normalize_advantage:
             centred = adv - adv.mean()
             # unbiased std, as torch.std in SB3
@@ -96,54 +97,102 @@ class PPOLoss(nn.Cell):
         log_ratio = logp - old_logp
         ratio = ops.exp(log_ratio)
         surrogate = ops.minimum(adv * ratio, adv * ops.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range))
-        if is_weight is not None:
-            surrogate = surrogate * is_weight  # truncated pi_learner / pi_behaviour (train.is_clip)
-        policy_loss = -surrogate.mean()
-        if self.clip_vf:
-            value = old_value + ops.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
-        value_loss = ((ret - value) ** 2).mean()
+        # is_weight: truncated pi_learner / pi_behaviour (train.is_clip); ones otherwise
+        policy_loss = -(surrogate * is_weight).mean()
         entropy_mean = entropy.mean()
-        loss = policy_loss + self.vf_coef * value_loss - self.ent_coef * entropy_mean
+        loss = policy_loss - self.ent_coef * entropy_mean
         # Schulman's low-variance KL estimator, as SB3 logs it.
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
         clip_fraction = (ops.abs(ratio - 1.0) > clip_range).astype(ms.float32).mean()
         # Parity: on the first minibatch of an update this is 0 exactly when the learner
         # recomputes the actor's logp bit for bit (`parity: strict`, fresh weights).
         ratio_dev = ops.abs(ratio - 1.0).max()
-        return loss, ops.stack((policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction, ratio_dev))
+        return loss, ops.stack((policy_loss, entropy_mean, approx_kl, clip_fraction, ratio_dev))
 
 
-class PPOUpdate(nn.Cell):
-    """All epochs and minibatches of one rollout in one graph call.
+class ValueLoss(nn.Cell):
+    """vf_coef * MSE(ret, V(s)) of one minibatch, V optionally clipped around the old value;
+    returns (loss, the unweighted MSE)."""
 
-    Inputs are the whole rollout [R, ...] and `index` [n_epochs * n_minibatches, batch_size]
-    (a fresh permutation per epoch, drawn on the host). The loop over minibatches is unrolled
-    at compile time; each iteration gathers its rows, differentiates the loss, clips the
-    global grad norm and steps Adam. Returns the diagnostics averaged over minibatches [7],
-    then the first minibatch's max |ratio - 1| [1].
-    """
-
-    def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig, n_iterations: int):
+    def __init__(self, network: Network, cfg: PPOConfig):
         super().__init__()
-        self.loss = PPOLoss(network, cfg)
-        self.optimizer = optimizer
-        self.grad = ops.value_and_grad(self.loss, None, optimizer.parameters, has_aux=True)
-        self.max_grad_norm = cfg.max_grad_norm
-        self.n_iterations = n_iterations
+        self.network = network
+        self.vf_coef = cfg.vf_coef
+        self.clip_vf = cfg.clip_range_vf is not None
+        self.clip_range_vf = cfg.clip_range_vf if cfg.clip_range_vf is not None else 0.0
 
-    def construct(self, obs, action, old_logp, adv, ret, old_value, index, clip_range, is_weight):
-        total = ops.zeros((7,), ms.float32)
-        first_ratio_dev = ops.zeros((1,), ms.float32)
-        for i in range(self.n_iterations):
-            rows = index[i]
-            (loss, info), grads = self.grad(obs[rows], action[rows], old_logp[rows], adv[rows], ret[rows],
-                                            old_value[rows], clip_range, is_weight[rows])
-            grads = ops.clip_by_global_norm(grads, self.max_grad_norm)
-            self.optimizer(grads)
-            total = total + ops.concat((loss.reshape(1), info))
-            if i == 0:
-                first_ratio_dev = info[5:]
-        return ops.concat((total / self.n_iterations, first_ratio_dev))
+    def construct(self, obs, ret, old_value):
+        value = self.network.state_value(self.network.features(obs))  # [B]
+        if self.clip_vf:
+            value = old_value + ops.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
+        value_loss = ((ret - value) ** 2).mean()
+        return self.vf_coef * value_loss, value_loss
+
+
+class PPOLoss(nn.Cell):
+    """The whole PPO loss of one minibatch (the sum the update's graphs differentiate in two
+    parts); returns (loss, [policy_loss, value_loss, entropy, approx_kl, clip_fraction, ratio_dev])."""
+
+    def __init__(self, network: Network, cfg: PPOConfig):
+        super().__init__()
+        self.policy = PolicyLoss(network, cfg)
+        self.value = ValueLoss(network, cfg)
+
+    def construct(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight=None):
+        if is_weight is None:
+            is_weight = ops.ones_like(old_logp)
+        policy_loss, info = self.policy(obs, action, old_logp, adv, clip_range, is_weight)
+        value_loss, mse = self.value(obs, ret, old_value)
+        return policy_loss + value_loss, ops.concat((info[:1], mse.reshape(1), info[1:]))
+
+
+class LossGrad(nn.Cell):
+    """(loss, aux), gradients of `loss_cell` with respect to `params`: a graph without side
+    effects."""
+
+    def __init__(self, loss_cell: nn.Cell, params: list):
+        super().__init__()
+        self.grad = ops.value_and_grad(loss_cell, None, ms.ParameterTuple(params), has_aux=True)
+
+    def construct(self, *inputs):
+        return self.grad(*inputs)
+
+
+class ClipAndStep(nn.Cell):
+    """Global-norm clipping of all gradients, then one Adam step."""
+
+    def __init__(self, optimizer: nn.Optimizer, max_grad_norm: float):
+        super().__init__()
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+
+    def construct(self, *grads):
+        return self.optimizer(clip_by_global_norm(grads, self.max_grad_norm))
+
+
+class PPOStep(nn.Cell):
+    """One minibatch step as three graph calls, each under 100 kernels: policy gradient, value
+    gradient, clip + Adam. A Cell for the checkpoint (network and optimizer state); called on
+    the host, not compiled as a whole."""
+
+    def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
+                 policy_params: list, value_params: list):
+        super().__init__()
+        self.network = network
+        self.optimizer = optimizer
+        self.policy_grad = LeanCall(LossGrad(PolicyLoss(network, cfg), policy_params))
+        self.value_grad = LeanCall(LossGrad(ValueLoss(network, cfg), value_params))
+        self.apply_grads = ClipAndStep(optimizer, cfg.max_grad_norm)
+
+    def step(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight) -> np.ndarray:
+        """Tensors of one minibatch [B, ...] -> [loss, policy_loss, value_loss, entropy, approx_kl,
+        clip_fraction, ratio_dev] (numpy) after the Adam step."""
+        (policy_loss, info), policy_grads = self.policy_grad(obs, action, old_logp, adv, clip_range, is_weight)
+        (value_loss, mse), value_grads = self.value_grad(obs, ret, old_value)
+        self.apply_grads(*policy_grads, *value_grads)
+        info = info.asnumpy()
+        loss = float(policy_loss.asnumpy()) + float(value_loss.asnumpy())
+        return np.concatenate(([loss, info[0], float(mse.asnumpy())], info[1:]))
 
 
 class LearnerLogp(nn.Cell):
@@ -177,17 +226,18 @@ class PPO:
             batch_invariant=cfg.parity == "strict"))
         self.lr = parse_schedule(self.cfg.lr, "train.lr")
         self.clip_range = parse_schedule(self.cfg.clip_range, "train.clip_range")
-        self.optimizer = nn.Adam(self.network.trainable_params(), learning_rate=Tensor(self.lr(1.0), ms.float32),
+        # The policy head's parameters (with a Gaussian's log_std), then the value head's: the
+        # order of the gradients the step graphs hand to Adam.
+        value_params = self.network.vf.trainable_params()
+        value_names = {p.name for p in value_params}
+        policy_params = [p for p in self.network.trainable_params() if p.name not in value_names]
+        self.optimizer = nn.Adam(policy_params + value_params, learning_rate=Tensor(self.lr(1.0), ms.float32),
                                  eps=1e-5)
         self.rollout_len = self.cfg.n_steps
         self.gamma, self.gae_lambda = self.cfg.gamma, self.cfg.gae_lambda
         self.rollout_size = self.cfg.n_steps * cfg.env.n_envs
         self.n_minibatches = self.rollout_size // self.cfg.batch_size
-        # One graph call per rollout where the unrolled loop stays small; otherwise a few calls
-        # of `chunk` minibatches each (compile time grows with the unrolled length).
-        total = self.cfg.n_epochs * self.n_minibatches
-        self.chunk = max(d for d in range(1, min(total, MAX_UNROLL) + 1) if total % d == 0)
-        self.update = PPOUpdate(self.network, self.optimizer, self.cfg, self.chunk)
+        self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params)
         self.learner_logp = LearnerLogp(self.network) if self.cfg.is_clip is not None else None
 
     def state_cell(self) -> nn.Cell:
@@ -209,21 +259,20 @@ class PPO:
             is_weight = np.minimum(rho, self.cfg.is_clip).astype(np.float32)
             is_metrics = {"train/is_weight_mean": float(is_weight.mean()),
                           "train/is_truncated_fraction": float((rho > self.cfg.is_clip).mean())}
-        rollout = (Tensor(batch.obs), Tensor(batch.action), Tensor(old_logp), Tensor(batch.adv),
-                   Tensor(batch.ret), Tensor(batch.value))
-        clip_t, weight_t = Tensor(clip, ms.float32), Tensor(is_weight)
-        calls = [self.update(*rollout, Tensor(index[i: i + self.chunk]), clip_t, weight_t)
-                 for i in range(0, len(index), self.chunk)]
-        outputs = [c.asnumpy() for c in calls]
-        stats = np.mean([o[:7] for o in outputs], axis=0)
-        loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in stats)
+        clip_t = Tensor(clip, ms.float32)
+        columns = (batch.obs, batch.action, old_logp, batch.adv, batch.ret, batch.value, is_weight)
+        outputs = []
+        for rows in index:
+            obs, action, old, adv, ret, value, weight = (Tensor(c[rows]) for c in columns)
+            outputs.append(self.update.step(obs, action, old, adv, ret, value, clip_t, weight))
+        loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in np.mean(outputs, 0))
         var_ret = float(np.var(batch.ret))
         explained = float("nan") if var_ret == 0 else 1.0 - float(np.var(batch.ret - batch.value)) / var_ret
         return {
             "train/loss": loss, "train/policy_loss": policy_loss, "train/value_loss": value_loss,
             "train/entropy": entropy, "train/approx_kl": approx_kl, "train/clip_fraction": clip_fraction,
             "train/explained_variance": explained, "train/learning_rate": lr, "train/clip_range": clip,
-            "parity/ppo_ratio_dev": float(outputs[0][7]), **is_metrics,
+            "parity/ppo_ratio_dev": float(outputs[0][6]), **is_metrics,
         }
 
 

@@ -1,5 +1,5 @@
-"""The lean graph call: a compiled, side-effect-free graph (the acting graph) run with the least
-per-call work; every exported-graph call goes through it (`rlstack.artifact.Policy.run`)."""
+"""The lean graph call: a compiled graph without side effects run with the least per-call work;
+every exported-graph call goes through it (`rlstack.artifact.Policy.run`), and PPO's gradient graphs."""
 
 from __future__ import annotations
 
@@ -21,8 +21,11 @@ def _graph_executor() -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    a, b = (x if isinstance(x, tuple | list) else (x,) for x in (a, b))
-    return len(a) == len(b) and all(np.array_equal(x.asnumpy(), y.asnumpy()) for x, y in zip(a, b, strict=True))
+    """Outputs (a tensor, or nested tuples of tensors) equal bit for bit."""
+    if isinstance(a, tuple | list) or isinstance(b, tuple | list):
+        return (isinstance(a, tuple | list) and isinstance(b, tuple | list) and len(a) == len(b)
+                and all(_same(x, y) for x, y in zip(a, b, strict=True)))
+    return np.array_equal(a.asnumpy(), b.asnumpy())
 
 
 class LeanCall:

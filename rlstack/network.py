@@ -382,6 +382,12 @@ class Network(nn.Cell):
     def evaluate(self, obs, action):
         """For the losses: obs [B, ...], action [B] int32 or [B, d] float32 ->
         (logp [B], entropy [B], value [B]) under the current parameters."""
+        logp, entropy = self.policy_logp_entropy(obs, action)
+        value = self.state_value(self.features(obs)) if self.has_value else ops.zeros_like(logp)
+        return logp, entropy, value
+
+    def policy_logp_entropy(self, obs, action):
+        """The policy head alone (PPO's policy-loss graph): (logp [B], entropy [B])."""
         x = self.features(obs)
         if self.kind == "categorical":
             _, logp_all = self._categorical(x, obs)
@@ -394,8 +400,7 @@ class Network(nn.Cell):
             entropy = (self.log_std + 0.5 + _HALF_LOG_2PI).sum(-1) * ops.ones_like(logp)
         else:
             raise ValueError("evaluate() needs a categorical or Gaussian policy head")
-        value = self.state_value(x) if self.has_value else ops.zeros_like(logp)
-        return logp, entropy, value
+        return logp, entropy
 
 
 def sample_noise(kind: NoiseKind, dim: int, batch: int, rng: np.random.Generator) -> np.ndarray:
