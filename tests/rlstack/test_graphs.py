@@ -5,6 +5,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from rlstack.bench import graphs
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -37,9 +39,13 @@ def test_log_lines_are_joined_into_one_row_per_graph():
     assert row["single_thread_eligible"] is False  # 101 kernels: over the runtime's line
 
 
-def test_census_of_ppo_cartpole_acting_graph_is_single_threaded(record_property):
-    # Two rollouts of 8 envs x 32 steps: 64 acting calls, two updates, then export, parity and eval.
-    rows = graphs.census(CONFIGS / "ppo_cartpole.yaml", ["train.total_steps=512"], timeout=300)
+@pytest.mark.parametrize(("config", "overrides"), [
+    # Two rollouts of 8 envs x 32 steps: 64 acting calls, 40 minibatch steps, export, parity, eval.
+    ("ppo_cartpole.yaml", ["train.total_steps=512"]),
+    ("dqn_cartpole.yaml", []),  # the census's own short budget: a few updates of 128 gradient steps
+])
+def test_acting_and_update_graphs_run_single_threaded(config, overrides, record_property):
+    rows = graphs.census(CONFIGS / config, overrides, timeout=300)
     print("\n" + graphs.format_table(rows))
     record_property("graphs", json.dumps(rows))
 
@@ -51,10 +57,14 @@ def test_census_of_ppo_cartpole_acting_graph_is_single_threaded(record_property)
         assert row["mode"] == "single", row
         assert row["ms_per_call"] > 0
 
-    # The update graphs are whatever the algorithm's `learn` calls (their thread mode is not asserted).
+    # Every graph the algorithm's `learn` runs (each a per-step graph): under the line, no
+    # control flow, executed in the single-thread mode, compiled once.
     updates = [r for r in rows if "rlstack.algorithms." in r["called_from"]]
     assert updates, f"no graph called from rlstack/algorithms among {[r['called_from'] for r in rows]}"
-    assert any(r["kernels"] and r["kernels"] > 0 and r["calls"] >= 2 for r in updates), updates
+    assert any(r["calls"] >= 20 for r in updates), updates
     for row in updates:
-        print(f"update graph {row['graph']}: {row['kernels']} kernels, {row['mode']}-thread, "
-              f"{row['ms_per_call']} ms per call over {row['calls']} calls")
+        assert 0 < row["kernels"] <= graphs.SINGLE_THREAD_MAX_KERNELS, row
+        assert row["single_thread_eligible"] and not row["control_flow"], row
+        assert row["compiles"] == 1, row
+        if row["calls"] >= 2:
+            assert row["mode"] == "single", row

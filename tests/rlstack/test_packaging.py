@@ -26,7 +26,7 @@ def test_wheel_has_no_top_level_envs_or_serving_and_imports(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"rlstack"}, top
     for module in ("rlstack/algorithms/ppo.py", "rlstack/envs/make.py", "rlstack/serving/__init__.py",
-                   "rlstack/network.py"):
+                   "rlstack/network.py", "rlstack/bench/__main__.py", "rlstack/bench/seeds.py"):
         assert module in names, module
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel), "-q"],
