@@ -8,9 +8,6 @@ from collections.abc import Callable
 
 from rlstack.config import DEFAULT_CONFIG, ConfigError, describe, load_config
 from rlstack.envs import EnvError
-from rlstack.runtime import DeviceError
-
-USAGE_ERRORS = (ConfigError, EnvError, DeviceError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m rlstack.train",
         description="Train PPO/DQN/SAC on a gymnasium env. Overrides are dotted key=value pairs, "
                     "e.g. `seed=3 env.id=Acrobot-v1 train.total_steps=50000`.",
-        epilog="Keys and defaults (for algo ppo; see --help-keys ALGO for another):\n" + describe("ppo"),
+        epilog="Every config key with its default and meaning: --help-keys ppo (or dqn, sac).\n"
+               "Options and overrides may come in any order.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     parser.add_argument("--config", default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
@@ -51,8 +49,9 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # options and overrides in any order
     # Imported late: `--help` should not pay for loading MindSpore.
+    from rlstack.runtime import DeviceError
     from rlstack.trainer import ResumeError, Trainer
 
     try:
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if window is not None:
                 window.close()
-    except (*USAGE_ERRORS, ResumeError) as err:
+    except (ConfigError, EnvError, DeviceError, ResumeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["train.total_steps=512", "train.progress=log", "env.eval_episodes=2", "train.n_epochs=2"]
 
 
@@ -40,6 +41,20 @@ def test_smoke_run_then_resume(tmp_path):
     assert summary["total_steps"] == 1024 and summary["updates"] == 4
     assert (out / "checkpoints" / "LATEST").read_text().strip() == "step_0000001024"
     assert (out / "policy" / "LATEST").read_text().strip() == "v000002"
+
+
+def test_help_without_mindspore_and_options_in_any_order(tmp_path):
+    code = ("import sys; from rlstack.train import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('mindspore loaded' if 'mindspore' in sys.modules else 'mindspore not loaded')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "--help-keys" in proc.stdout and proc.stdout.strip().endswith("mindspore not loaded"), proc.stdout
+    # An override before --config and one after it: both reach the config (the error names the second).
+    proc = _train("seed=3", "--config", "configs/ppo_cartpole.yaml", "train.n_epoch=3", "--out", str(tmp_path / "x"),
+                  cwd=ROOT)
+    assert proc.returncode == 2 and "train.n_epochs" in proc.stderr, proc.stderr[-2000:]
+    proc = _train("seed=3", "--config", "configs/ppo_cartpole.yaml", "--help-keys", "ppo", cwd=ROOT)
+    assert proc.returncode == 0 and "train.n_epochs" in proc.stdout
 
 
 def test_cli_errors_exit_2_with_a_message(tmp_path):
