@@ -23,7 +23,28 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from rlstack import registry
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_cartpole.yaml"
+DEFAULT_CONFIG = "ppo_cartpole"
+"""The shipped config `python -m rlstack.train` trains without `--config`."""
+
+
+def shipped_configs() -> Path:
+    """The folder of the shipped configs: `configs/` of a checkout, `rlstack/configs/` of a wheel."""
+    import rlstack.configs
+
+    return Path(rlstack.configs.__file__).resolve().parent
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """A config file by path, or a shipped config by name (`ppo_cartpole` or `ppo_cartpole.yaml`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if len(path.parts) == 1:
+        shipped = shipped_configs() / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+        if shipped.is_file():
+            return shipped
+    names = sorted(p.stem for p in shipped_configs().glob("*.yaml"))
+    raise ConfigError(f"config file '{name_or_path}' does not exist (shipped configs, by name: {', '.join(names)})")
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -248,9 +269,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """
     overrides = overrides or []
     if base is None:
-        path = Path(path) if path is not None else DEFAULT_CONFIG
-        if not path.is_file():
-            raise ConfigError(f"config file '{path}' does not exist")
+        path = config_path(path if path is not None else DEFAULT_CONFIG)
         try:
             values = _yaml_load(path.read_text()) or {}
         except yaml.YAMLError as err:

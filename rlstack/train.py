@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
                "Options and overrides may come in any order.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    parser.add_argument("--config", default=None, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
+    parser.add_argument("--config", default=None,
+                        help=f"YAML config: a path, or a shipped config by name (default: {DEFAULT_CONFIG})")
     parser.add_argument("--out", default=None, help="run directory (default: runs/<algo>_<env>_s<seed>_<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR", default=None,
                         help="continue the run in RUN_DIR from its latest checkpoint (overrides apply)")

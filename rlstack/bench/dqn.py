@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rlstack.bench.offpolicy import run
-from rlstack.config import DEFAULT_CONFIG
+from rlstack.config import config_path
 
 
 def main(argv: list[str]) -> int:
-    return run("dqn", str(DEFAULT_CONFIG.parent / "dqn_cartpole.yaml"), argv)
+    return run("dqn", str(config_path("dqn_cartpole")), argv)

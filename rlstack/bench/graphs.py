@@ -36,7 +36,8 @@ SINGLE_THREAD_MAX_KERNELS = 100
 """`kSingleThreadExecutionActorMaxNum` of MindSpore's runtime (`actor_common.h`)."""
 MARK = "rlstack-graphs-compile "
 """Prefix of the child's own stderr lines (one JSON object each: a new compile phase)."""
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "ppo_cartpole.yaml"
+DEFAULT_CONFIG = "ppo_cartpole"
+"""A shipped config by name (`rlstack.config.config_path`)."""
 
 _PHASE = re.compile(r"Start compiling, phase: (\S+)")
 _ACTOR = re.compile(r"end compile function graph: (\S+), produce actor: (\S+),")
@@ -243,7 +244,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstack.bench graphs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="config file (default: configs/ppo_cartpole.yaml)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help=f"config file, or a shipped config by name (default: {DEFAULT_CONFIG})")
     parser.add_argument("--json", default=None, metavar="OUT", help="also write the census as JSON to OUT")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the training run is killed")
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)

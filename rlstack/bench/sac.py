@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rlstack.bench.offpolicy import run
-from rlstack.config import DEFAULT_CONFIG
+from rlstack.config import config_path
 
 
 def main(argv: list[str]) -> int:
-    return run("sac", str(DEFAULT_CONFIG.parent / "sac_pendulum.yaml"), argv)
+    return run("sac", str(config_path("sac_pendulum")), argv)

@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
 
 @dataclass(frozen=True)
 class LearningRun:
     """One learning test's training run and its pass criterion."""
 
     config: str
-    """Shipped config file under `configs/`."""
+    """Shipped config, by name (`configs/<name>.yaml`)."""
     test: str
     """The test that trains this run from its own seed."""
     min_return: float | None
@@ -50,7 +48,7 @@ class LearningRun:
         from rlstack.trainer import Trainer
 
         overrides = [f"seed={seed}", "train.progress=log", *self.overrides, *extra]
-        return Trainer(load_config(CONFIGS / self.config, overrides), out).train()
+        return Trainer(load_config(self.config, overrides), out).train()
 
 
 def tictactoe_losses_to_perfect_play(run_dir: str | Path, games: int = 100) -> Any:
@@ -68,21 +66,21 @@ def tictactoe_losses_to_perfect_play(run_dir: str | Path, games: int = 100) -> A
 
 
 LEARNING_RUNS: dict[str, LearningRun] = {
-    "ppo": LearningRun("ppo_cartpole.yaml", "tests/algorithms/test_ppo.py::test_ppo_solves_cartpole_within_1e5_steps",
+    "ppo": LearningRun("ppo_cartpole", "tests/algorithms/test_ppo.py::test_ppo_solves_cartpole_within_1e5_steps",
                        475.0),
-    "ppo_actors": LearningRun("ppo_cartpole.yaml",
+    "ppo_actors": LearningRun("ppo_cartpole",
                               "tests/serving/test_actor.py::test_ppo_solves_cartpole_with_two_actor_processes",
                               475.0, ("actors=2",)),
-    "dqn": LearningRun("dqn_cartpole.yaml", "tests/algorithms/test_dqn.py::test_dqn_solves_cartpole_within_5e4_steps",
+    "dqn": LearningRun("dqn_cartpole", "tests/algorithms/test_dqn.py::test_dqn_solves_cartpole_within_5e4_steps",
                        475.0),
-    "dqn_actors": LearningRun("dqn_cartpole.yaml",
+    "dqn_actors": LearningRun("dqn_cartpole",
                               "tests/serving/test_actor.py::test_dqn_solves_cartpole_with_two_actor_processes",
                               475.0, ("actors=2",)),
     # The Zoo config at half its 2e4-step budget (`python -m rlstack.bench sac` runs the whole budget).
-    "sac": LearningRun("sac_pendulum.yaml", "tests/algorithms/test_sac.py::test_sac_solves_pendulum_within_2e4_steps",
+    "sac": LearningRun("sac_pendulum", "tests/algorithms/test_sac.py::test_sac_solves_pendulum_within_2e4_steps",
                        -200.0, ("train.total_steps=10000",)),
     "tictactoe": LearningRun(
-        "ppo_tictactoe_selfplay.yaml",
+        "ppo_tictactoe_selfplay",
         "tests/envs/test_selfplay.py::test_tictactoe_selfplay_agent_never_loses_to_a_perfect_player",
         None),
 }

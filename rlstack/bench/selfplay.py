@@ -14,8 +14,7 @@ import json
 import time
 from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-DEFAULT_CONFIG = {"connect4": "ppo_connect4_selfplay.yaml", "tictactoe": "ppo_tictactoe_selfplay.yaml"}
+DEFAULT_CONFIG = {"connect4": "ppo_connect4_selfplay", "tictactoe": "ppo_tictactoe_selfplay"}
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +30,7 @@ def main(argv: list[str]) -> int:
 
     import numpy as np
 
-    from rlstack.config import load_config
+    from rlstack.config import config_path, load_config
     from rlstack.envs.games import game_spec
     from rlstack.envs.minimax import Minimax
     from rlstack.envs.selfplay import RandomPlayer, load_player
@@ -40,7 +39,7 @@ def main(argv: list[str]) -> int:
     from rlstack.trainer import Trainer
 
     spec = game_spec(args.game)
-    config = Path(args.config) if args.config else CONFIGS / DEFAULT_CONFIG[args.game]
+    config = config_path(args.config or DEFAULT_CONFIG[args.game])
     out = Path(args.out or f"runs/bench_selfplay_{args.game}_{time.strftime('%Y%m%d-%H%M%S')}")
     result: dict = {"benchmark": "selfplay", "game": spec.name, "run_dir": str(out)}
     if not args.eval_only:

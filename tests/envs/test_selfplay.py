@@ -342,7 +342,7 @@ def test_trainer_fills_the_pool_and_logs_evaluations(tmp_path):
 @pytest.mark.timeout(1800)
 def test_tictactoe_selfplay_agent_never_loses_to_a_perfect_player(tmp_path):
     run = LEARNING_RUNS["tictactoe"]  # also `python -m rlstack.bench seeds`
-    cfg = load_config(CONFIGS / run.config)
+    cfg = load_config(run.config)
     assert cfg.train.total_steps == 200_000 and 0.0 < cfg.selfplay.sparring_prob < 1.0
     summary = run.train(0, tmp_path / "run")
     assert sum(summary["selfplay/pool_record"].values()) == summary["episodes"]  # every game recorded

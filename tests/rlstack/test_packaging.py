@@ -1,5 +1,6 @@
 """Packaging: the sibling folders install as rlstack.algorithms/envs/serving, editable and as a wheel."""
 
+import json
 import os
 import subprocess
 import sys
@@ -18,15 +19,21 @@ def test_editable_install_imports_from_the_checkout(tmp_path):
     assert Path(envs_file) == ROOT / "envs" / "__init__.py"
 
 
-def test_wheel_has_no_top_level_envs_or_serving_and_imports(tmp_path):
+def _wheel(tmp_path: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), "-q"], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("rlstack-*.whl")
+    return wheel
+
+
+def test_wheel_has_no_top_level_envs_or_serving_and_imports(tmp_path):
+    wheel = _wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"rlstack"}, top
     for module in ("rlstack/algorithms/ppo.py", "rlstack/envs/make.py", "rlstack/serving/__init__.py",
-                   "rlstack/network.py", "rlstack/bench/__main__.py", "rlstack/bench/seeds.py"):
+                   "rlstack/network.py", "rlstack/bench/__main__.py", "rlstack/bench/seeds.py",
+                   "rlstack/configs/ppo_cartpole.yaml"):
         assert module in names, module
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel), "-q"],
@@ -38,3 +45,32 @@ def test_wheel_has_no_top_level_envs_or_serving_and_imports(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rlstack_file, envs_file = proc.stdout.split()
     assert Path(rlstack_file).is_relative_to(target) and Path(envs_file).is_relative_to(target)
+
+
+def test_wheel_in_a_fresh_venv_trains_a_shipped_config_by_name(tmp_path):
+    wheel = _wheel(tmp_path)
+    venv = tmp_path / "venv"
+    # A fresh virtual environment that reuses this interpreter's installed MindSpore and the
+    # other dependencies (--system-site-packages), with the wheel installed into it.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", str(wheel), "-q"], check=True,
+                   capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONNOUSERSITE": "1"}
+    env.pop("PYTHONPATH", None)
+    where = subprocess.run([python, "-c", "import rlstack.configs, rlstack.bench; print(rlstack.configs.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout + where.stderr  # the wheel's copy
+    helped = subprocess.run([venv / "bin" / "rlstack-train", "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert helped.returncode == 0 and "--config" in helped.stdout, helped.stderr[-2000:]
+    bench = subprocess.run([python, "-m", "rlstack.bench", "--help"], cwd=tmp_path, capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert bench.returncode == 0 and "seeds" in bench.stdout and "graphs" in bench.stdout, bench.stderr[-2000:]
+    run = tmp_path / "run"
+    trained = subprocess.run([python, "-m", "rlstack.train", "--config", "ppo_cartpole", "--out", str(run),
+                              "train.total_steps=2000", "train.progress=log", "env.eval_episodes=2"],
+                             cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["total_steps"] >= 2000 and summary["config"]["env"]["id"] == "CartPole-v1"
