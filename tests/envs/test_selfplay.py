@@ -332,6 +332,31 @@ def test_trainer_fills_the_pool_and_logs_evaluations(tmp_path):
     assert tb and b"eval/vs_random/win_rate" in tb[0].read_bytes()
 
 
+def test_keep_best_exports_the_network_of_the_best_game_evaluation(tmp_path):
+    from rlstack.artifact import load_policy
+    from rlstack.trainer import Trainer
+
+    cfg = load_config("ppo_tictactoe_selfplay", [
+        "train.progress=off", "env.n_envs=8", "train.n_steps=8", "train.batch_size=32", "train.n_epochs=1",
+        "train.total_steps=320", "train.export_every=1", "train.lr=3e-3", "selfplay.eval_every=1",
+        "selfplay.eval_games=20", "selfplay.elo_games=2", "selfplay.elo_snapshots=1", "selfplay.minimax_depth=1"])
+    assert cfg.train.keep_best  # as the config ships
+    trainer = Trainer(cfg, tmp_path / "run")
+    summary = trainer.train()
+    history = summary["selfplay/history"]
+    assert [h["updates"] for h in history] == [1, 2, 3, 4, 5, 5]  # every update, then the final policy's
+    ranks = [(-h["vs_minimax_d1"]["losses"], -h["vs_random"]["losses"], h["vs_random"]["wins"]) for h in history[:-1]]
+    best = ranks.index(max(ranks))  # the earliest of equal ranks
+    assert summary["final_policy"] == "best" and summary["eval/best_steps"] == history[best]["steps"]
+    # The final export holds exactly the kept parameters.
+    graph = dict(load_policy(tmp_path / "run").graph.parameters_and_names())
+    kept = trainer.best.params
+    shared = [name for name in graph if name in kept]
+    assert shared
+    for name in shared:
+        np.testing.assert_array_equal(graph[name].asnumpy(), kept[name])
+
+
 # ----- learning -----------------------------------------------------------------------------------
 # configs/ppo_tictactoe_selfplay.yaml as it ships: a league of the learner's own exported versions
 # (20% of games, 10% of their moves random) and the perfect sparring partner (80%). Measured: pure
