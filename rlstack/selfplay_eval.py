@@ -7,6 +7,9 @@ env its `OpponentPool` of exported versions, refreshes the pool after every upda
 
 - W/D/L against the uniform random player and against minimax of `selfplay.minimax_depth`
   (the agent plays its argmax move; the opponents break ties at random, so games differ);
+- on tic-tac-toe with perfect minimax, W/D/L over *every* line of perfect play (`every_perfect_line`):
+  exact where sampled games are not (an agent that lost 0 of 200 sampled games was seen to lose
+  1 of 200 in the next evaluation);
 - an Elo table (Bradley-Terry fit, 400-point logistic scale, random player anchored at 0) of
   random, minimax, the last `selfplay.elo_snapshots` exported versions and the current agent, from
   a round robin in which every player samples its moves. Results of pairs that cannot change
@@ -27,7 +30,7 @@ import numpy as np
 
 from rlstack.config import ConfigError
 from rlstack.envs.games import Boards, GameSpec
-from rlstack.envs.minimax import Minimax
+from rlstack.envs.minimax import Minimax, planes_to_bits
 from rlstack.envs.selfplay import (
     OpponentPool,
     Player,
@@ -43,6 +46,8 @@ if TYPE_CHECKING:
     from rlstack.trainer import Trainer
 
 CURRENT = "current"
+EXHAUSTIVE_MAX_CELLS = 9
+"""Games up to this many cells (tic-tac-toe) are also evaluated against every line of perfect play."""
 POOL_STATE_FILE = "selfplay_pool.json"
 
 
@@ -83,6 +88,47 @@ def play_match(spec: GameSpec, a: Player, b: Player, games: int, rng: np.random.
                 boards.play(np.asarray(player.act(boards.flat_obs(idx), rng)).reshape(-1), idx)
     result = boards.result_for(seat_a)
     return MatchResult(int((result > 0).sum()), int((result == 0).sum()), int((result < 0).sum()))
+
+
+def _take(boards: Boards, rows: np.ndarray) -> Boards:
+    """A new Boards holding copies of `rows` of `boards` (rows may repeat)."""
+    out = Boards(boards.spec, len(rows))
+    for name in ("stones", "heights", "to_move", "winner", "over", "n_moves"):
+        getattr(out, name)[:] = getattr(boards, name)[rows]
+    return out
+
+
+def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
+                       rng: np.random.Generator | None = None) -> MatchResult:
+    """The deterministic `agent` against *every* line of perfect play, in both seats: at the
+    perfect player's turn every one of its optimal moves is followed, at the agent's turn its one
+    move (one batched call per ply). Counts are of lines (leaves), from the agent's side, so
+    `losses == 0` means no perfect player, however it breaks ties, can beat the agent.
+    Only for small games (tic-tac-toe: a few hundred lines): the tree grows with every tie."""
+    rng = rng or np.random.default_rng(0)
+    wins = draws = losses = 0
+    for seat in (0, 1):
+        boards = Boards(spec, 1)
+        while boards.n:
+            over = boards.over
+            if over.any():
+                result = boards.result_for(np.full(int(over.sum()), seat), np.flatnonzero(over))
+                wins, draws, losses = wins + int((result > 0).sum()), draws + int((result == 0).sum()), \
+                    losses + int((result < 0).sum())
+                boards = _take(boards, np.flatnonzero(~over))
+                if not boards.n:
+                    break
+            obs = boards.flat_obs()
+            if boards.to_move[0] == seat:  # every live game is at the same ply
+                boards.play(np.asarray(agent.act(obs, rng)).reshape(-1))
+                continue
+            size = 2 * spec.n_cells
+            planes = obs[:, :size].reshape(len(obs), spec.rows, spec.cols, 2)
+            moves = [perfect.best_moves(*planes_to_bits(p)) for p in planes]
+            rows = np.repeat(np.arange(boards.n), [len(m) for m in moves])
+            boards = _take(boards, rows)
+            boards.play(np.concatenate([np.asarray(m, np.int64) for m in moves]))
+    return MatchResult(wins, draws, losses)
 
 
 class LivePlayer:
@@ -160,6 +206,8 @@ class SelfPlayHook:
         self.rng = np.random.default_rng(trainer.cfg.seed + 20_000)
         self.random = RandomPlayer(self.spec)
         self.minimax = Minimax(self.spec, cfg.minimax_depth, seed=trainer.cfg.seed + 30_000)
+        # Perfect minimax on a small board: also play every line of perfect play (exact).
+        self.exhaustive = cfg.minimax_depth >= self.spec.n_cells and self.spec.n_cells <= EXHAUSTIVE_MAX_CELLS
         self._pairs: dict[tuple[str, str], MatchResult] = {}
         self._snapshots: dict[str, Player] = {}
         self.history: list[dict[str, Any]] = []
@@ -201,6 +249,8 @@ class SelfPlayHook:
         for opponent in (self.random, self.minimax):
             result = play_match(self.spec, agent, opponent, cfg.eval_games, rng)
             record[f"vs_{opponent.name}"] = result.as_dict()
+        if self.exhaustive:
+            record["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
         elo, vs_snapshots = self._elo(trainer)
         record["elo"] = elo
         record["vs_snapshots"] = vs_snapshots
@@ -215,15 +265,22 @@ class SelfPlayHook:
             scalars[f"eval/vs_snapshot/{name}/score"] = result["score"]
         for name, rating in elo.items():
             scalars[f"eval/elo/{name}"] = rating
-        trainer.log.scalars(scalars, c.steps)
         r, m = record[f"vs_{self.random.name}"], record[f"vs_{self.minimax.name}"]
-        best = ""
-        if trainer.cfg.train.keep_best and trainer.consider_best(
-                (m["wins"] - m["losses"]) / m["games"], (-m["losses"], -r["losses"], r["wins"])):
-            best = " (best so far)"
+        lines = record.get("vs_every_perfect_line")
+        text = ""
+        if lines is not None:
+            for stat in ("draw_rate", "loss_rate"):
+                scalars[f"eval/vs_every_perfect_line/{stat}"] = lines[stat]
+            text = f", every perfect line W/D/L {lines['wins']}/{lines['draws']}/{lines['losses']}"
+        trainer.log.scalars(scalars, c.steps)
+        # Fewest losses against perfect play (every line where the game is small enough), then
+        # against the sampled minimax games, then against random; then most wins against random.
+        rank = (-(lines or m)["losses"], -m["losses"], -r["losses"], r["wins"])
+        if trainer.cfg.train.keep_best and trainer.consider_best((m["wins"] - m["losses"]) / m["games"], rank):
+            text += " (best so far)"
         trainer.log.message(
             f"selfplay eval @ {c.steps:,} steps: vs random W/D/L {r['wins']}/{r['draws']}/{r['losses']}, "
-            f"vs {self.minimax.name} {m['wins']}/{m['draws']}/{m['losses']}, Elo current {elo[CURRENT]:.0f}{best}")
+            f"vs {self.minimax.name} {m['wins']}/{m['draws']}/{m['losses']}{text}, Elo current {elo[CURRENT]:.0f}")
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out / "eval.json", json.dumps(self.history, indent=2))
         return record
@@ -264,6 +321,7 @@ class SelfPlayHook:
         return {
             "selfplay/vs_random": last[f"vs_{self.random.name}"],
             f"selfplay/vs_{self.minimax.name}": last[f"vs_{self.minimax.name}"],
+            "selfplay/vs_every_perfect_line": last.get("vs_every_perfect_line"),
             "selfplay/vs_snapshots": last["vs_snapshots"],
             "selfplay/elo": last["elo"],
             "selfplay/pool": self.pool.names,

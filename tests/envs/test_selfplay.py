@@ -377,3 +377,23 @@ def test_tictactoe_selfplay_agent_never_loses_to_a_perfect_player(tmp_path):
     result = tictactoe_losses_to_perfect_play(tmp_path / "run", games=100)
     assert result.games == 100
     assert result.losses == 0, f"lost {result.losses} of 100 games to perfect play ({result})"
+
+
+def test_every_perfect_line_is_exact_on_tictactoe():
+    from rlstack.envs.minimax import Minimax
+    from rlstack.selfplay_eval import every_perfect_line
+
+    perfect = Minimax(TICTACTOE, 9, seed=0)
+    # Perfect play against perfect play: every line is a draw.
+    both = every_perfect_line(TICTACTOE, perfect_player(TICTACTOE, seed=1), perfect)
+    assert both.losses == 0 and both.wins == 0 and both.draws > 100
+    # A player that always takes the lowest free cell loses some line in both seats; a sampled
+    # match of 100 games against perfect play finds losses too, but counts games, not lines.
+    class FirstFree:
+        def act(self, obs, rng):
+            return np.argmax(obs[:, -9:] > 0, axis=1)
+
+    lines = every_perfect_line(TICTACTOE, FirstFree(), perfect)
+    assert lines.losses > 0 and lines.games == lines.wins + lines.draws + lines.losses
+    sampled = play_match(TICTACTOE, FirstFree(), perfect_player(TICTACTOE, seed=5), 100, np.random.default_rng(0))
+    assert sampled.losses > 0
