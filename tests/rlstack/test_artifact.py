@@ -93,6 +93,7 @@ def test_train_serve_config_mismatches_are_reported(tmp_path):
 
 
 _WRITER = textwrap.dedent("""
+    import os
     import sys
     import gymnasium as gym
     import numpy as np
@@ -106,6 +107,8 @@ _WRITER = textwrap.dedent("""
     net = Network(obs, gym.spaces.Discrete(2), NetSpec())
     bias = net.pi[-1].bias
     for i in range(int(sys.argv[2])):
+        if os.path.exists(sys.argv[3]):  # the reader has seen enough
+            break
         bias.set_data(Tensor(np.array([float(i), 0.0], np.float32)))  # version i+1 is recognisable
         export_policy(net, sys.argv[1], algorithm="ppo", obs_space=obs, action_space=gym.spaces.Discrete(2),
                       device="cpu", fusion=False, config_hash="w", keep=1, extra={"updates": i})
@@ -113,9 +116,10 @@ _WRITER = textwrap.dedent("""
 
 
 def test_a_reader_polling_latest_never_fails_while_versions_are_published(tmp_path):
-    policy_dir = tmp_path / "policy"
-    versions = 120
-    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(policy_dir), str(versions)],
+    policy_dir, stop = tmp_path / "policy", tmp_path / "stop"
+    # The writer publishes up to 1,000 versions, until the reader has loaded 50 (however fast
+    # either runs on a busy machine).
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(policy_dir), "1000", str(stop)],
                               stderr=subprocess.PIPE, text=True)
     watcher = PolicyWatcher(policy_dir, obs_shape=(4,))
     loads, seen, obs = 0, [], np.zeros((3, 4), np.float32)
@@ -136,6 +140,8 @@ def test_a_reader_polling_latest_never_fails_while_versions_are_published(tmp_pa
                 seen.append(number)
             if polled is not None:  # running compiles the graph (~0.2 s): only the watcher's
                 assert polled.run(obs, np.zeros((3, 2), np.float32)).action.shape == (3,)
+            if loads >= 50 and len(set(seen)) >= 5:
+                stop.touch()
     finally:
         if writer.poll() is None:
             writer.kill()
@@ -143,4 +149,6 @@ def test_a_reader_polling_latest_never_fails_while_versions_are_published(tmp_pa
     assert writer.returncode == 0, err[-2000:]
     assert loads >= 50 and len(set(seen)) >= 5, (loads, sorted(set(seen)))
     # keep=1: every older version was pruned while the reader was following LATEST.
-    assert [p.name for p in policy_dir.iterdir() if p.name.startswith("v")] == [f"v{versions:06d}"]
+    latest = (policy_dir / "LATEST").read_text().strip()
+    assert int(latest[1:]) >= max(seen)
+    assert [p.name for p in policy_dir.iterdir() if p.name.startswith("v")] == [latest]
