@@ -120,6 +120,14 @@ class Boards:
     def _idx(self, idx: np.ndarray | None) -> np.ndarray:
         return np.arange(self.n) if idx is None else np.asarray(idx, np.int64).reshape(-1)
 
+    def take(self, idx: np.ndarray) -> Boards:
+        """A new Boards holding copies of games `idx` (an index may repeat: a game branched)."""
+        i = self._idx(idx)
+        out = Boards(self.spec, len(i))
+        for name in ("stones", "heights", "to_move", "winner", "over", "n_moves"):
+            getattr(out, name)[:] = getattr(self, name)[i]
+        return out
+
     def reset(self, idx: np.ndarray | None = None) -> None:
         i = self._idx(idx)
         self.stones[i] = False

@@ -122,8 +122,9 @@ class TrainConfig:
     """With `eval_every` (or, on the two-player games, `selfplay.eval_every`): the final policy
     (export and `summary.json`'s evaluation) is the network of the best periodic evaluation instead
     of the last one, as SB3's EvalCallback best model. On the games the best evaluation is the one
-    with the fewest losses to minimax, then the fewest to the random player, then the most wins
-    against it. The checkpoint keeps the last network, so `--resume` continues the run itself."""
+    with the fewest losses to perfect play over every line (tic-tac-toe with perfect minimax), then
+    to minimax in the sampled games, then to the random player, then the most wins against it.
+    The checkpoint keeps the last network, so `--resume` continues the run itself."""
 
 
 @dataclass

@@ -90,14 +90,6 @@ def play_match(spec: GameSpec, a: Player, b: Player, games: int, rng: np.random.
     return MatchResult(int((result > 0).sum()), int((result == 0).sum()), int((result < 0).sum()))
 
 
-def _take(boards: Boards, rows: np.ndarray) -> Boards:
-    """A new Boards holding copies of `rows` of `boards` (rows may repeat)."""
-    out = Boards(boards.spec, len(rows))
-    for name in ("stones", "heights", "to_move", "winner", "over", "n_moves"):
-        getattr(out, name)[:] = getattr(boards, name)[rows]
-    return out
-
-
 def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
                        rng: np.random.Generator | None = None) -> MatchResult:
     """The deterministic `agent` against *every* line of perfect play, in both seats: at the
@@ -109,24 +101,19 @@ def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
     wins = draws = losses = 0
     for seat in (0, 1):
         boards = Boards(spec, 1)
-        while boards.n:
-            over = boards.over
-            if over.any():
-                result = boards.result_for(np.full(int(over.sum()), seat), np.flatnonzero(over))
-                wins, draws, losses = wins + int((result > 0).sum()), draws + int((result == 0).sum()), \
-                    losses + int((result < 0).sum())
-                boards = _take(boards, np.flatnonzero(~over))
-                if not boards.n:
-                    break
-            obs = boards.flat_obs()
+        while True:
+            over = np.flatnonzero(boards.over)
+            result = boards.result_for(seat, over)
+            wins, draws, losses = (wins + int((result > 0).sum()), draws + int((result == 0).sum()),
+                                   losses + int((result < 0).sum()))
+            boards = boards.take(np.flatnonzero(~boards.over))
+            if not boards.n:
+                break
             if boards.to_move[0] == seat:  # every live game is at the same ply
-                boards.play(np.asarray(agent.act(obs, rng)).reshape(-1))
+                boards.play(np.asarray(agent.act(boards.flat_obs(), rng)).reshape(-1))
                 continue
-            size = 2 * spec.n_cells
-            planes = obs[:, :size].reshape(len(obs), spec.rows, spec.cols, 2)
-            moves = [perfect.best_moves(*planes_to_bits(p)) for p in planes]
-            rows = np.repeat(np.arange(boards.n), [len(m) for m in moves])
-            boards = _take(boards, rows)
+            moves = [perfect.best_moves(*planes_to_bits(p)) for p in boards.planes()]
+            boards = boards.take(np.repeat(np.arange(boards.n), [len(m) for m in moves]))
             boards.play(np.concatenate([np.asarray(m, np.int64) for m in moves]))
     return MatchResult(wins, draws, losses)
 

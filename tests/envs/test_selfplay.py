@@ -57,11 +57,7 @@ def random_positions(spec, n: int, moves: int, seed: int, occupied: int | None =
         live = np.flatnonzero(~boards.over)
         mask = boards.legal_mask(live)
         boards.play(np.where(mask, rng.random(mask.shape), -1).argmax(1), live)
-    keep = np.flatnonzero(~boards.over)
-    out = Boards(spec, len(keep))
-    for name in ("stones", "heights", "to_move", "winner", "over", "n_moves"):
-        getattr(out, name)[:] = getattr(boards, name)[keep]
-    return out
+    return boards.take(np.flatnonzero(~boards.over))
 
 
 # ----- the mask inside the graph ------------------------------------------------------------------
