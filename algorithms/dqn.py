@@ -118,16 +118,13 @@ class DQNStep(nn.Cell):
 
     def loss(self, obs, next_obs, action, reward, terminated):
         batch = obs.shape[0]
+        q_next_target = self.target.q_values(next_obs)
         if self.double_q:
             # One pass of the online network over obs and next_obs: half the kernels of two.
             q_both = self.network.q_values(ops.concat((obs, next_obs)))
             q, q_next_online = q_both[:batch], ops.stop_gradient(q_both[batch:])
         else:
-            q = self.network.q_values(obs)
-            q_next_online = None
-        q_next_target = self.target.q_values(next_obs)
-        if q_next_online is None:
-            q_next_online = q_next_target
+            q, q_next_online = self.network.q_values(obs), q_next_target
         target = ops.stop_gradient(td_target(q_next_online, q_next_target, reward, terminated,
                                              self.gamma, self.double_q))
         q_taken = ops.gather_elements(q, 1, action.reshape(-1, 1)).squeeze(-1)  # [B]
