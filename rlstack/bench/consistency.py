@@ -44,7 +44,6 @@ import numpy as np
 
 from rlstack.trainer import Acting
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 PATHS = ("exported", "pynative", "numpy", "float16")
 CONSISTENT = "exported"
 METRICS: dict[str, str] = {
@@ -69,7 +68,7 @@ class Case:
     key: str
     title: str
     config: str
-    """YAML file under configs/."""
+    """A shipped config (`rlstack.config.config_path`: a name under configs/)."""
     full: tuple[str, ...]
     quick: tuple[str, ...]
     refresh_every: int
@@ -478,7 +477,7 @@ def run_path(case: Case, name: str, out: Path, opts: Options) -> dict[str, Any]:
     overrides = [*_COMMON, *(case.quick if opts.quick else case.full), f"seed={opts.seed}"]
     if opts.steps is not None:
         overrides.append(f"train.total_steps={opts.steps}")
-    cfg = load_config(CONFIG_DIR / case.config, overrides)
+    cfg = load_config(case.config, overrides)
     trainer = Trainer(cfg, out / name)
     initial = params_sha256(trainer.network)
     learner = trainer.live_acting  # the learner's own module in graph mode, for the parity probes
@@ -676,12 +675,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def _available(key: str) -> str | None:
     """None when the case's algorithm is registered and its config exists, else the reason."""
     from rlstack import registry
+    from rlstack.config import ConfigError, config_path
 
     case = CASES[key]
     if key not in registry.names():
         return f"algorithm '{key}' is not registered"
-    if not (CONFIG_DIR / case.config).is_file():
-        return f"config {CONFIG_DIR / case.config} is missing"
+    try:
+        config_path(case.config)
+    except ConfigError as err:
+        return str(err)
     return None
 
 
