@@ -30,10 +30,11 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
-from rlstack.config import Config, ConfigError
+from rlstack.config import Config, ConfigError, OffPolicyConfig
 from rlstack.network import NetSpec, Network, PolicyKind, QKind
 from rlstack.optim import clip_by_global_norm
-from rlstack.replay import OffPolicyConfig, ReplayBuffer, target_update_count
+from rlstack.registry import Progress
+from rlstack.replay import ReplayBuffer
 from rlstack.schedules import parse_schedule
 
 
@@ -68,6 +69,8 @@ class DQNConfig(OffPolicyConfig):
 
     def validate(self, cfg: Config) -> None:
         super().validate(cfg)
+        if self.target_update_interval < 1:
+            raise ConfigError(f"'train.target_update_interval' must be >= 1, got {self.target_update_interval}")
         if not 0.0 < self.exploration_fraction <= 1.0:
             raise ConfigError(f"'train.exploration_fraction' must be in (0, 1], got {self.exploration_fraction}")
         for key in ("exploration_initial_eps", "exploration_final_eps"):
@@ -81,6 +84,12 @@ def linear_epsilon(progress_remaining: float, initial: float, final: float, frac
     if progress > fraction:
         return final
     return initial + progress * (final - initial) / fraction
+
+
+def target_update_count(prev_steps: int, steps: int, interval: int) -> int:
+    """How many multiples of `interval` lie in (prev_steps, steps]: the target updates due when
+    the step counter moved from `prev_steps` to `steps`."""
+    return steps // interval - prev_steps // interval
 
 
 def td_target(q_next_online, q_next_target, reward, terminated, gamma: float, double_q: bool):
@@ -180,6 +189,7 @@ class DQN:
         self.target_update = TargetUpdate(self.network, self.target)
         self.epsilon = self.cfg.exploration_initial_eps
         self.network.set_epsilon(self.epsilon)
+        self.chunk_steps = self.cfg.train_freq
 
     def state_cell(self) -> nn.Cell:
         """Everything a checkpoint must hold: network, target network, optimizer, target-sync step."""
@@ -189,7 +199,7 @@ class DQN:
         self.network.set_obs_stats(mean, var)
         self.target.set_obs_stats(mean, var)
 
-    def before_step(self, progress_remaining: float) -> None:
+    def explore(self, progress_remaining: float) -> None:
         """Set the acting graph's epsilon for the coming vector step."""
         c = self.cfg
         epsilon = linear_epsilon(progress_remaining, c.exploration_initial_eps, c.exploration_final_eps,
@@ -198,11 +208,13 @@ class DQN:
             self.epsilon = epsilon
             self.network.set_epsilon(epsilon)
 
-    def learn(self, replay: ReplayBuffer, progress_remaining: float, rng: np.random.Generator,
-              steps: int) -> dict[str, float]:
-        """`gradient_steps` gradient steps on minibatches from `replay`; `steps` is the environment
-        step counter (for the target update). Returns `train/...` metrics."""
-        lr = self.lr(progress_remaining)
+    def acting_key(self) -> tuple:
+        return (self.epsilon,)
+
+    def learn(self, replay: ReplayBuffer, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
+        """`gradient_steps` gradient steps on minibatches from `replay`; the target network is
+        updated every `target_update_interval` environment steps. Returns `train/...` metrics."""
+        lr, steps = self.lr(progress.remaining), progress.steps
         self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
         synced_at = int(self.step.target_synced_at.asnumpy())
         n_due = target_update_count(synced_at, steps, self.cfg.target_update_interval)

@@ -24,11 +24,13 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from rlstack import registry
-from rlstack.buffers import RolloutBatch
+from rlstack.buffers import RolloutBatch, rollout_batch
+from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.graphcall import LeanCall
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_by_global_norm
+from rlstack.registry import Progress
 from rlstack.schedules import parse_schedule
 
 
@@ -233,8 +235,7 @@ class PPO:
         policy_params = [p for p in self.network.trainable_params() if p.name not in value_names]
         self.optimizer = nn.Adam(policy_params + value_params, learning_rate=Tensor(self.lr(1.0), ms.float32),
                                  eps=1e-5)
-        self.rollout_len = self.cfg.n_steps
-        self.gamma, self.gae_lambda = self.cfg.gamma, self.cfg.gae_lambda
+        self.chunk_steps = self.cfg.n_steps
         self.rollout_size = self.cfg.n_steps * cfg.env.n_envs
         self.n_minibatches = self.rollout_size // self.cfg.batch_size
         self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params)
@@ -244,8 +245,22 @@ class PPO:
         """Everything a checkpoint must hold: network and optimizer state."""
         return self.update
 
-    def learn(self, batch: RolloutBatch, progress_remaining: float, rng: np.random.Generator) -> dict[str, float]:
-        """One PPO update from one rollout; returns `train/...` metrics."""
+    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
+        self.network.set_obs_stats(mean, var)
+
+    def explore(self, progress_remaining: float) -> None:
+        """Nothing to schedule: the policy's own noise explores."""
+
+    def acting_key(self) -> tuple:
+        return ()
+
+    def learn(self, rollout: Trajectory, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
+        """One PPO update from one rollout (a collector chunk of `n_steps` vector steps); returns
+        `train/...` metrics."""
+        return self.learn_batch(rollout_batch(rollout, self.cfg.gamma, self.cfg.gae_lambda), progress.remaining, rng)
+
+    def learn_batch(self, batch: RolloutBatch, progress_remaining: float, rng: np.random.Generator) -> dict[str, float]:
+        """The update on a rollout already flattened with its advantages (`rlstack.buffers.rollout_batch`)."""
         lr, clip = self.lr(progress_remaining), self.clip_range(progress_remaining)
         self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
         index = np.concatenate([rng.permutation(self.rollout_size).reshape(self.n_minibatches, -1)

@@ -29,9 +29,10 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
-from rlstack.config import Config, ConfigError
+from rlstack.config import Config, ConfigError, OffPolicyConfig
 from rlstack.network import NetSpec, Network, PolicyKind, QKind
-from rlstack.replay import OffPolicyConfig, ReplayBuffer
+from rlstack.registry import Progress
+from rlstack.replay import ReplayBuffer
 from rlstack.schedules import parse_schedule
 
 
@@ -51,6 +52,8 @@ class SACConfig(OffPolicyConfig):
 
     def validate(self, cfg: Config) -> None:
         super().validate(cfg)
+        if self.target_update_interval < 1:
+            raise ConfigError(f"'train.target_update_interval' must be >= 1, got {self.target_update_interval}")
         try:
             parse_ent_coef(self.ent_coef)
             if self.target_entropy != "auto":
@@ -206,6 +209,7 @@ class SAC:
         self.optimizers = [self.update.critic_optimizer, self.update.actor_optimizer]
         if self.update.learn_alpha:
             self.optimizers.append(self.update.alpha_optimizer)
+        self.chunk_steps = self.cfg.train_freq
         self._gradient_steps: int | None = None  # host copy of update.n_gradient_steps
 
     def state_cell(self) -> nn.Cell:
@@ -216,17 +220,20 @@ class SAC:
         self.network.set_obs_stats(mean, var)
         self.target.set_obs_stats(mean, var)
 
-    def before_step(self, progress_remaining: float) -> None:
+    def explore(self, progress_remaining: float) -> None:
         """Nothing to schedule while acting (the policy's own noise explores)."""
+
+    def acting_key(self) -> tuple:
+        return ()
 
     @property
     def alpha(self) -> float:
         return float(np.exp(self.update.log_alpha.asnumpy()))
 
-    def learn(self, replay: ReplayBuffer, progress_remaining: float, rng: np.random.Generator,
-              steps: int) -> dict[str, float]:
-        """`gradient_steps` SAC gradient steps on minibatches from `replay`; returns `train/...` metrics."""
-        lr = self.lr(progress_remaining)
+    def learn(self, replay: ReplayBuffer, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
+        """`gradient_steps` SAC gradient steps on minibatches from `replay`; the target critics
+        are updated every `target_update_interval` gradient steps. Returns `train/...` metrics."""
+        lr = self.lr(progress.remaining)
         if lr != self.current_lr:
             self.current_lr = lr
             for optimizer in self.optimizers:

@@ -9,14 +9,14 @@ answers with a win).
 
 `SelfPlayVectorEnv` steps N games in numpy arrays and computes the opponents' moves batched:
 per step, one call per distinct opponent (for exported versions: one graph call through
-`rlstack.load_policy`'s `nn.GraphCell`). A new episode in which the opponent opens needs an
+`rlstack.acting.Acting`). A new episode in which the opponent opens needs an
 opening move right away; those come from a per-opponent stock of opening moves that is refilled
 inside the same batched call (the empty board is the same position in every game), so an
 episode ending on the opponent's move costs no extra graph call.
 
 Players (the opponent interface) take flat observations [n, D] float32 and a numpy Generator
 and return actions [n]: `RandomPlayer`, `Minimax` (rlstack/envs/minimax.py), `PolicyPlayer`
-(an exported version). Besides the versions, a pool may hold built-in sparring partners
+(a policy graph: an exported version, or the agent being trained). Besides the versions, a pool may hold built-in sparring partners
 (`PoolSettings.sparring`, e.g. depth-2 minimax), the scripted members of a league, drawn with a
 configurable probability. Measured on tic-tac-toe, pure PPO self-play improves slowly (after
 250k steps its argmax policy still lost 40-100 of 100 games to perfect play); a sparring partner
@@ -39,7 +39,7 @@ from rlstack.envs.games import Boards, GameSpec, game_spec
 from rlstack.envs.minimax import Minimax
 
 if TYPE_CHECKING:
-    from rlstack.artifact import Policy
+    from rlstack.acting import Acting
 
 POOL_MODES = ("latest", "uniform", "gated")
 SEATS = ("random", "first", "second")
@@ -72,42 +72,38 @@ class RandomPlayer:
 
 
 MIN_GRAPH_ROWS = 128
-"""Batches for a compiled graph are padded to a power of two >= this many rows (see `pad_rows`)."""
+"""Batches for a compiled graph are padded to a power of two >= this many rows (see `graph_rows`)."""
 
 
-def pad_rows(obs: np.ndarray, minimum: int = MIN_GRAPH_ROWS) -> np.ndarray:
-    """Pad [n, D] with zero rows to the next power of two >= max(n, minimum).
+def graph_rows(n: int, minimum: int = MIN_GRAPH_ROWS) -> int:
+    """The batch size n observations are run at: the next power of two >= max(n, minimum).
 
     A graph is compiled once per input shape (~0.3-0.5 s each, measured here), while a call
     costs about the same at 8 or 128 rows; opponents answer a varying number of games each step,
     so a few fixed shapes keep it to one compile per version instead of one per batch size.
     (A dynamic-shape graph via `set_inputs` compiles once but measured ~2x slower per call.)
     """
-    n = len(obs)
-    rows = max(minimum, 1 << max(n - 1, 0).bit_length())
-    if rows == n:
-        return obs
-    return np.concatenate([obs, np.zeros((rows - n, *obs.shape[1:]), obs.dtype)])
+    return max(minimum, 1 << max(n - 1, 0).bit_length())
 
 
 class PolicyPlayer:
-    """An exported policy version run through its compiled graph (one call per `act`)."""
+    """A policy graph as a player (one graph call per `act`): an exported version, or the agent
+    being trained (its in-process acting graph, which follows the learner's weights)."""
 
-    def __init__(self, policy: Policy, sample: bool = True):
-        self.policy = policy
+    def __init__(self, acting: Acting, sample: bool = True, name: str | None = None):
+        self.acting = acting
         self.sample = sample
-        self.name = policy.version
+        self.name = name or acting.version
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        n = len(obs)
-        batch = pad_rows(np.ascontiguousarray(obs, np.float32))
-        noise = self.policy.noise(len(batch), not self.sample, rng)
-        return self.policy.run(batch, noise).action[:n].astype(np.int64)
+        n, rows = len(obs), graph_rows(len(obs))
+        noise = self.acting.noise(rows, rng if self.sample else None)[:n]  # drawn for whole batches
+        return self.acting.run(obs, noise, rows=rows).action.astype(np.int64)
 
 
 def load_player(path: str | Path, spec: GameSpec, sample: bool = True) -> PolicyPlayer:
     """A run dir, `policy/` dir or version dir -> its policy as a player (checked against `spec`)."""
-    from rlstack.artifact import load_policy  # MindSpore loads only when a policy is needed
+    from rlstack.acting import load_policy  # MindSpore loads only when a policy is needed
 
     return PolicyPlayer(load_policy(path, obs_shape=spec.flat_space().shape), sample)
 

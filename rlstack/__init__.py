@@ -13,7 +13,7 @@ __all__ = ["__version__", "load_policy"]
 
 def __getattr__(name: str) -> Any:
     if name == "load_policy":
-        from rlstack.artifact import load_policy
+        from rlstack.acting import load_policy
 
         return load_policy
     raise AttributeError(f"module 'rlstack' has no attribute {name!r}")

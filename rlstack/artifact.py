@@ -17,7 +17,6 @@ import re
 import shutil
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,8 +26,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from rlstack.fsutil import atomic_directory, atomic_write_text
-from rlstack.graphcall import LeanCall
-from rlstack.network import BLOCK_ROWS, Network, NoiseKind, sample_noise
+from rlstack.network import BLOCK_ROWS, Network
 from rlstack.spaces import MaskedBox, flat_masked_space
 
 GRAPH_FILE = "policy.mindir"
@@ -51,7 +49,7 @@ def space_to_dict(space: gym.Space) -> dict[str, Any]:
     """A JSON-safe description of a Discrete or Box space (as stored in manifests).
 
     A masked Dict observation is described as `type: Dict` with its keys, plus the `shape` and
-    `flat_layout` of the one float32 vector the graph takes (so `Policy.obs_shape` still works).
+    `flat_layout` of the one float32 vector the graph takes (so `Acting.obs_shape` still works).
     """
     space = flat_masked_space(space)
     if isinstance(space, MaskedBox):
@@ -87,6 +85,26 @@ def list_versions(policy_dir: Path) -> list[Path]:
     return sorted(p for p in policy_dir.iterdir() if p.is_dir() and _VERSION_RE.match(p.name))
 
 
+def interface(network: Network, obs_space: gym.Space, action_space: gym.Space) -> dict[str, Any]:
+    """The manifest entries that describe how to call the acting graph (the live network's as well
+    as an exported version's: `rlstack.acting.Acting` reads them)."""
+    obs_shape = tuple(int(d) for d in flat_masked_space(obs_space).shape)  # a masked Dict enters flat
+    return {
+        "observation_space": space_to_dict(obs_space),
+        "action_space": space_to_dict(action_space),
+        "noise": {"kind": network.noise_kind.value, "dim": network.noise_dim},
+        "inputs": {"obs": [None, *obs_shape], "noise": [None, network.noise_dim]},
+        "outputs": ["action", "logp", "value"],
+        # V(s) (state_value), max_a Q (max_q), min_i Q_i(s, a) (min_q), or zeros (none)
+        "value": network.value_kind,
+        "dtype": "float32",
+        "obs_normalization": {"enabled": bool(network.spec.normalize_obs), "clip": network.spec.obs_clip},
+        # `parity: strict` graphs are batch-invariant when called on whole blocks of this many
+        # rows (Acting.run pads); 1: any batch, invariance not promised (network.BLOCK_ROWS).
+        "batch_rows": BLOCK_ROWS if network.spec.batch_invariant else 1,
+    }
+
+
 def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, obs_space: gym.Space,
                   action_space: gym.Space, device: str, fusion: bool, config_hash: str,
                   keep: int = 0, extra: dict[str, Any] | None = None) -> Path:
@@ -111,21 +129,10 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
             "version": name,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "algorithm": algorithm,
-            "observation_space": space_to_dict(obs_space),
-            "action_space": space_to_dict(action_space),
-            "noise": {"kind": network.noise_kind.value, "dim": network.noise_dim},
-            "inputs": {"obs": [None, *obs_shape], "noise": [None, network.noise_dim]},
-            "outputs": ["action", "logp", "value"],
-            # V(s) (state_value), max_a Q (max_q), min_i Q_i(s, a) (min_q), or zeros (none)
-            "value": network.value_kind,
-            "dtype": "float32",
-            "obs_normalization": {"enabled": bool(network.spec.normalize_obs), "clip": network.spec.obs_clip},
+            **interface(network, obs_space, action_space),
             "mindspore_version": ms.__version__,
             "device": device,
             "fusion": bool(fusion),
-            # `parity: strict` graphs are batch-invariant when called on whole blocks of this many
-            # rows (Policy.run pads); 1: any batch, invariance not promised (network.BLOCK_ROWS).
-            "batch_rows": BLOCK_ROWS if network.spec.batch_invariant else 1,
             "config_hash": config_hash,
             "sha256": _sha256(graph),
             "graph_file": GRAPH_FILE,
@@ -205,91 +212,30 @@ def check_manifest(manifest: dict[str, Any], where: Path, *, obs_shape: tuple[in
                       "for identical kernels)", stacklevel=3)
 
 
-class ActResult(NamedTuple):
-    action: np.ndarray
-    logp: np.ndarray
-    value: np.ndarray
-
-
-@dataclass
-class Policy:
-    """A loaded policy version: the exported graph run through `nn.GraphCell`."""
+class LoadedGraph(NamedTuple):
+    """A verified policy version as loaded: the graph, its manifest, its version directory
+    (`rlstack.acting.load_policy` makes it an `Acting`)."""
 
     graph: nn.GraphCell
     manifest: dict[str, Any]
     path: Path
-    call: LeanCall = field(init=False, repr=False)
-    """How the graph is run (`rlstack.graphcall`): `graph(obs, noise)` with less work per call."""
-
-    def __post_init__(self) -> None:
-        self.call = LeanCall(self.graph)
-
-    @property
-    def version(self) -> str:
-        return self.manifest["version"]
-
-    @property
-    def obs_shape(self) -> tuple[int, ...]:
-        return tuple(self.manifest["observation_space"]["shape"])
-
-    def noise(self, batch: int, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
-        kind, dim = NoiseKind(self.manifest["noise"]["kind"]), int(self.manifest["noise"]["dim"])
-        if deterministic:
-            return np.zeros((batch, dim), np.float32)
-        return sample_noise(kind, dim, batch, rng)
-
-    def run(self, obs: np.ndarray, noise: np.ndarray) -> ActResult:
-        """The raw graph call: obs [B, *obs_shape] float32, noise [B, noise_dim] float32.
-
-        A `parity: strict` policy (manifest `batch_rows` > 1) runs on whole blocks of that many
-        rows, zero rows padded here, so every row is bitwise independent of the batch size.
-        """
-        rows, block = len(obs), int(self.manifest.get("batch_rows", 1))
-        if block > 1 and rows % block:
-            pad = block - rows % block
-            obs = np.concatenate([obs, np.zeros((pad, *obs.shape[1:]), np.float32)])
-            noise = np.concatenate([noise, np.zeros((pad, *noise.shape[1:]), np.float32)])
-        action, logp, value = self.call(Tensor(obs), Tensor(noise))
-        return ActResult(action.asnumpy()[:rows], logp.asnumpy()[:rows], value.asnumpy()[:rows])
-
-    def act(self, obs: Any, deterministic: bool = False, seed: int | None = None,
-            rng: np.random.Generator | None = None, clip: bool = True) -> ActResult:
-        """numpy in, numpy out. `obs` is one observation or a batch [B, *obs_shape].
-
-        `seed` fixes the noise, so a stochastic action is reproducible. Box actions are clipped
-        to the action space unless `clip=False` (the raw sample is what `logp` refers to).
-        """
-        obs = np.asarray(obs, np.float32)
-        single = obs.shape == self.obs_shape
-        batch = obs[None] if single else obs
-        if batch.ndim != len(self.obs_shape) + 1 or batch.shape[1:] != self.obs_shape:
-            raise ArtifactError(f"observation shape {obs.shape} does not match the policy: expected "
-                                f"{self.obs_shape} or a batch [B, {', '.join(map(str, self.obs_shape))}]")
-        if rng is None:
-            rng = np.random.default_rng(seed)
-        result = self.run(batch, self.noise(len(batch), deterministic, rng))
-        action = result.action
-        space = self.manifest["action_space"]
-        if clip and space["type"] == "Box":
-            action = np.clip(action, np.asarray(space["low"], np.float32), np.asarray(space["high"], np.float32))
-        if single:
-            return ActResult(action[0], result.logp[0], result.value[0])
-        return ActResult(action, result.logp, result.value)
 
 
 _RACE_RETRIES = 20
-"""How often `load_policy` follows LATEST again when the version it read is pruned meanwhile."""
+"""How often `load_graph` follows LATEST again when the version it read is pruned meanwhile."""
 
 
-def _latest_name(path: Path) -> str | None:
+def latest_name(path: str | Path) -> str | None:
+    """The version `LATEST` names in a `policy/` dir or a run dir (None: nothing published yet)."""
+    path = Path(path)
     for latest in (path / "LATEST", path / "policy" / "LATEST"):
         with contextlib.suppress(OSError):
-            return latest.read_text().strip()
+            return latest.read_text().strip() or None
     return None
 
 
-def load_policy(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
-                device: str | None = None, fusion: bool | None = None) -> Policy:
+def load_graph(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
+               device: str | None = None, fusion: bool | None = None) -> LoadedGraph:
     """Load and verify a policy from a run dir, a `policy/` dir or a version dir.
 
     Checks the manifest, the sha256 of the graph file and (when given) the observation shape
@@ -302,20 +248,20 @@ def load_policy(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
     if (path / MANIFEST_FILE).is_file():
         return _load_version(path, obs_shape, device, fusion)
     for _ in range(_RACE_RETRIES):
-        tried = _latest_name(path)
+        tried = latest_name(path)
         try:
             return _load_version(resolve_version_dir(path), obs_shape, device, fusion)
         except ArtifactError:
             # Pruning only removes versions older than the newest, so a version that vanished
             # under us means LATEST has moved on; anything else is a real error.
-            if tried is None or _latest_name(path) == tried:
+            if tried is None or latest_name(path) == tried:
                 raise
     raise ArtifactError(f"{path}: LATEST kept moving to versions that were pruned before they could be "
                         f"loaded ({_RACE_RETRIES} tries); is train.keep_versions too small?")
 
 
 def _load_version(version_dir: Path, obs_shape: tuple[int, ...] | None, device: str | None,
-                  fusion: bool | None) -> Policy:
+                  fusion: bool | None) -> LoadedGraph:
     manifest = read_manifest(version_dir)
     check_manifest(manifest, version_dir, obs_shape=obs_shape, device=device, fusion=fusion)
     graph_path = version_dir / manifest["graph_file"]
@@ -331,4 +277,4 @@ def _load_version(version_dir: Path, obs_shape: tuple[int, ...] | None, device: 
         graph = nn.GraphCell(ms.load(str(graph_path)))
     except Exception as err:  # MindSpore raises RuntimeError/ValueError variants on bad files
         raise ArtifactError(f"{graph_path} passed its checksum but MindSpore cannot load it: {err}") from None
-    return Policy(graph=graph, manifest=manifest, path=version_dir)
+    return LoadedGraph(graph, manifest, version_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,67 +40,21 @@ def compute_gae(reward: np.ndarray, value: np.ndarray, done: np.ndarray, last_va
     return adv, (adv + value).astype(np.float32)
 
 
-class RolloutBuffer:
-    """Preallocated [T, N] arrays for one on-policy rollout."""
+def rollout_batch(traj: Any, gamma: float, lam: float) -> RolloutBatch:
+    """A collector chunk (`rlstack.collector.Trajectory`, [T, N]) -> GAE advantages, flat rows.
 
-    def __init__(self, steps: int, n_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
-                 action_dtype: np.dtype):
-        self.steps, self.n_envs = steps, n_envs
-        self.obs = np.zeros((steps, n_envs, *obs_shape), np.float32)
-        self.action = np.zeros((steps, n_envs, *action_shape), action_dtype)
-        self.logp = np.zeros((steps, n_envs), np.float32)
-        self.value = np.zeros((steps, n_envs), np.float32)
-        self.reward = np.zeros((steps, n_envs), np.float32)
-        self.done = np.zeros((steps, n_envs), bool)
-        self.pos = 0
-
-    def add(self, obs: np.ndarray, action: np.ndarray, logp: np.ndarray, value: np.ndarray,
-            reward: np.ndarray, done: np.ndarray) -> None:
-        t = self.pos
-        self.obs[t], self.action[t], self.logp[t], self.value[t] = obs, action, logp, value
-        self.reward[t], self.done[t] = reward, done
-        self.pos += 1
-
-    @property
-    def full(self) -> bool:
-        return self.pos == self.steps
-
-    def finish(self, last_value: np.ndarray, gamma: float, lam: float) -> RolloutBatch:
-        """Compute GAE and flatten; resets the buffer for the next rollout."""
-        adv, ret = compute_gae(self.reward, self.value, self.done, last_value, gamma, lam)
-        self.pos = 0
-        rows = self.steps * self.n_envs
-        return RolloutBatch(
-            obs=self.obs.reshape(rows, *self.obs.shape[2:]).copy(),
-            action=self.action.reshape(rows, *self.action.shape[2:]).copy(),
-            logp=self.logp.reshape(rows).copy(),
-            value=self.value.reshape(rows).copy(),
-            adv=adv.reshape(rows),
-            ret=ret.reshape(rows),
-        )
-
-
-class RunningMeanStd:
-    """Running mean/variance of observations (parallel update of Chan et al.), as SB3's."""
-
-    def __init__(self, shape: tuple[int, ...], epsilon: float = 1e-4):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = epsilon
-
-    def update(self, batch: np.ndarray) -> None:
-        batch_mean, batch_var, n = batch.mean(0), batch.var(0), batch.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + n
-        self.mean = self.mean + delta * n / total
-        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
-        self.var = m2 / total
-        self.count = total
-
-    def state(self) -> dict:
-        return {"mean": self.mean.tolist(), "var": self.var.tolist(), "count": self.count}
-
-    def load(self, state: dict) -> None:
-        self.mean = np.asarray(state["mean"], np.float64)
-        self.var = np.asarray(state["var"], np.float64)
-        self.count = float(state["count"])
+    Time-limit truncation is not a terminal state: the value of the final observation the
+    collector measured (`final_value`) is folded into the reward, gamma * V(final_obs).
+    """
+    reward = traj.reward + gamma * traj.final_value
+    done = traj.terminated | traj.truncated
+    adv, ret = compute_gae(reward, traj.value, done, traj.last_value, gamma, lam)
+    rows = reward.size
+    return RolloutBatch(
+        obs=traj.obs.reshape(rows, *traj.obs.shape[2:]).copy(),
+        action=traj.action.reshape(rows, *traj.action.shape[2:]).copy(),
+        logp=traj.logp.reshape(rows).copy(),
+        value=traj.value.reshape(rows).copy(),
+        adv=adv.reshape(rows),
+        ret=ret.reshape(rows),
+    )

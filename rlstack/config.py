@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlstack import registry
+from rlstack.schedules import parse_schedule
 
 DEFAULT_CONFIG = "ppo_cartpole"
 """The shipped config `python -m rlstack.train` trains without `--config`."""
@@ -125,6 +126,49 @@ class TrainConfig:
     with the fewest losses to perfect play over every line (tic-tac-toe with perfect minimax), then
     to minimax in the sampled games, then to the random player, then the most wins against it.
     The checkpoint keeps the last network, so `--resume` continues the run itself."""
+
+
+@dataclass
+class OffPolicyConfig(TrainConfig):
+    """Settings of the trainer's off-policy loop (names as in Stable-Baselines3 / RL Zoo)."""
+
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions (the oldest are overwritten)."""
+    learning_starts: int = 100
+    """Environment steps of uniformly random actions before the first update."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    train_freq: int = 1
+    """Update every this many vector-env steps (each vector step is env.n_envs transitions)."""
+    gradient_steps: int = 1
+    """Gradient steps per update (each on a fresh minibatch)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 1.0
+    """Target-network update rate: 1.0 is a hard copy, < 1 Polyak averaging."""
+    lr: str = "3e-4"
+    """Adam learning rate: a number, or `lin_X` for a linear decay from X to 0."""
+    checkpoint_replay: bool | None = None
+    """Save the replay buffer with each checkpoint (None: only when its capacity is
+    at most 128 MiB, so `--resume` continues with the same data)."""
+    log_every_steps: int = 1000
+    """Environment steps between TensorBoard points (training metrics are averaged in between)."""
+
+    def validate(self, cfg: Config) -> None:
+        for key in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "log_every_steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"'train.{key}' must be >= 1, got {getattr(self, key)}")
+        if self.learning_starts < 0:
+            raise ConfigError(f"'train.learning_starts' must be >= 0, got {self.learning_starts}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"'train.tau' must be in (0, 1], got {self.tau}")
+        if self.buffer_size < cfg.env.n_envs:
+            raise ConfigError(f"'train.buffer_size' ({self.buffer_size}) must hold at least one vector step "
+                              f"(env.n_envs = {cfg.env.n_envs})")
+        try:
+            parse_schedule(self.lr, "train.lr")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclass

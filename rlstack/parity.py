@@ -3,7 +3,7 @@
 The trainer calls `measure_parity` with the version it just exported, its live network, and
 the most recent observations the actors acted on. Both run on the same rows with the same noise:
 
-- the exported graph (`nn.GraphCell` via `load_policy`) in chunks of the *rollout* batch
+- the exported graph (`rlstack.acting.load_policy`) in chunks of the *rollout* batch
   (`env.n_envs`: what an actor computes), and the live module in chunks of the *minibatch*
   (what the learner computes): `max_abs_logp`, `max_abs_action`, `max_abs_value`, `bitwise`.
   This is the train/act skew; `parity: strict` makes it exactly 0.
@@ -87,22 +87,6 @@ class RecentObs:
         return np.roll(self.rows, -(self.count % self.capacity), axis=0)
 
 
-def padded(fn: ActFn, block: int) -> ActFn:
-    """`fn` called on whole blocks of `block` rows (zero rows appended, results cut back): the
-    calling convention of a `parity: strict` graph (`rlstack.artifact.Policy.run` does the same)."""
-    if block <= 1:
-        return fn
-
-    def run(obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rows = len(obs)
-        pad = -rows % block
-        obs = np.concatenate([obs, np.zeros((pad, *obs.shape[1:]), np.float32)])
-        noise = np.concatenate([noise, np.zeros((pad, *noise.shape[1:]), np.float32)])
-        return tuple(np.asarray(x)[:rows] for x in fn(obs, noise))
-
-    return run
-
-
 def parity_rows(rollout_batch: int, minibatch: int) -> int:
     """Rows to compare: whole chunks of both batch sizes (their lcm), at most `MAX_ROWS`."""
     rows = math.lcm(rollout_batch, minibatch)
@@ -134,13 +118,10 @@ def sample_rows(recent: np.ndarray | None, rows: int, obs_shape: tuple[int, ...]
 
 def measure_parity(policy: Any, live: ActFn, obs: np.ndarray, noise: np.ndarray, *, rollout_batch: int,
                    minibatch: int) -> ParityReport:
-    """Compare `policy` (a loaded `rlstack.artifact.Policy`) with `live` (the module's act,
-    numpy in/out) on `obs` [R, ...] and `noise` [R, noise_dim]."""
+    """Compare `policy` (a loaded version's `rlstack.acting.Acting`) with `live` (the module's
+    act, numpy in/out: `Acting.of_network`) on `obs` [R, ...] and `noise` [R, noise_dim]."""
     start = time.perf_counter()
-
-    def exported(o: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return tuple(policy.run(np.ascontiguousarray(o), np.ascontiguousarray(n)))
-
+    exported = policy.run
     acted = in_chunks(exported, obs, noise, rollout_batch)
     learned = in_chunks(live, obs, noise, minibatch)
     same = (_identical(acted, in_chunks(live, obs, noise, rollout_batch))

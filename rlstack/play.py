@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="seed of the agent's sampling")
     args = parser.parse_args(argv)
 
-    from rlstack.artifact import ArtifactError, load_policy, read_manifest, resolve_version_dir
+    from rlstack.acting import load_policy
+    from rlstack.artifact import ArtifactError, read_manifest, resolve_version_dir
     from rlstack.runtime import configure
 
     try:

@@ -75,7 +75,7 @@ def record(run_dir: str | Path, out: str | Path = "agent.gif", episodes: int = 3
            deterministic: bool = True, fps: int = 30, max_steps: int | None = None,
            frame_skip: int = 1) -> Recording:
     """Play `episodes` episodes with the run's latest exported policy and write them to `out`."""
-    from rlstack.artifact import load_policy
+    from rlstack.acting import load_policy
     from rlstack.envs import make_env
 
     run_dir, out = Path(run_dir), Path(out)

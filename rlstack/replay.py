@@ -1,4 +1,4 @@
-"""The replay buffer and the settings every off-policy algorithm shares (the buffer stage for DQN/SAC).
+"""The replay buffer (the buffer stage for DQN/SAC).
 
 `ReplayBuffer` is a preallocated numpy ring of transitions `(obs, action, reward, next_obs,
 terminated, truncated)`. Termination and time-limit truncation are stored separately: only
@@ -9,67 +9,17 @@ in `info["final_obs"]`). Sampling is uniform with replacement, as Stable-Baselin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
-from rlstack.config import Config, ConfigError, TrainConfig
-from rlstack.schedules import parse_schedule
-
 REPLAY_FILE = "replay.npz"
 """Name of the replay buffer's file inside a checkpoint directory."""
 
 CHECKPOINT_REPLAY_MAX_BYTES = 128 * 2**20
 """`checkpoint_replay: null` saves the buffer with checkpoints when its capacity is at most this."""
-
-
-@dataclass
-class OffPolicyConfig(TrainConfig):
-    """Settings of the trainer's off-policy loop (names as in Stable-Baselines3 / RL Zoo)."""
-
-    buffer_size: int = 1_000_000
-    """Replay capacity in transitions (the oldest are overwritten)."""
-    learning_starts: int = 100
-    """Environment steps of uniformly random actions before the first update."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
-    train_freq: int = 1
-    """Update every this many vector-env steps (each vector step is env.n_envs transitions)."""
-    gradient_steps: int = 1
-    """Gradient steps per update (each on a fresh minibatch)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    tau: float = 1.0
-    """Target-network update rate: 1.0 is a hard copy, < 1 Polyak averaging."""
-    target_update_interval: int = 1
-    """How often the target network is updated (DQN: environment steps; SAC: gradient steps)."""
-    lr: str = "3e-4"
-    """Adam learning rate: a number, or `lin_X` for a linear decay from X to 0."""
-    checkpoint_replay: bool | None = None
-    """Save the replay buffer with each checkpoint (None: only when its capacity is
-    at most 128 MiB, so `--resume` continues with the same data)."""
-    log_every_steps: int = 1000
-    """Environment steps between TensorBoard points (training metrics are averaged in between)."""
-
-    def validate(self, cfg: Config) -> None:
-        for key in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "target_update_interval",
-                    "log_every_steps"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"'train.{key}' must be >= 1, got {getattr(self, key)}")
-        if self.learning_starts < 0:
-            raise ConfigError(f"'train.learning_starts' must be >= 0, got {self.learning_starts}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ConfigError(f"'train.tau' must be in (0, 1], got {self.tau}")
-        if self.buffer_size < cfg.env.n_envs:
-            raise ConfigError(f"'train.buffer_size' ({self.buffer_size}) must hold at least one vector step "
-                              f"(env.n_envs = {cfg.env.n_envs})")
-        try:
-            parse_schedule(self.lr, "train.lr")
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
 
 
 class ReplayBatch(NamedTuple):
@@ -175,17 +125,3 @@ class ReplayBuffer:
             for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated"):
                 getattr(self, name)[:n] = data[name]
             self.size, self.pos = n, int(data["pos"])
-
-
-def random_actions(space: gym.Space, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Uniformly random actions [n] int32 or [n, d] float32 from a seeded generator
-    (what the off-policy loop plays before `learning_starts`)."""
-    if isinstance(space, gym.spaces.Discrete):
-        return rng.integers(0, space.n, size=n).astype(np.int32)  # an index, as the network's action
-    return rng.uniform(space.low, space.high, size=(n, *space.shape)).astype(np.float32)
-
-
-def target_update_count(prev_steps: int, steps: int, interval: int) -> int:
-    """How many multiples of `interval` lie in (prev_steps, steps]: the target updates due when
-    the step counter moved from `prev_steps` to `steps`."""
-    return steps // interval - prev_steps // interval

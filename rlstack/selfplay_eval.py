@@ -1,9 +1,10 @@
 """Self-play evaluation and its trainer hook: matches, W/D/L, the Elo table, the opponent pool's upkeep.
 
 `play_match` runs many games side by side (one call per player per ply, seats alternating).
-`SelfPlayHook` is attached by the trainer when the env is a self-play game: it gives the vector
-env its `OpponentPool` of exported versions, refreshes the pool after every update, and every
-`selfplay.eval_every` updates (and at the end) evaluates the live agent:
+`SelfPlayHook` is attached by the trainer when the env is a self-play game (`is_selfplay`): it
+gives the vector env its `OpponentPool` of exported versions, refreshes the pool after every
+update, and every `selfplay.eval_every` updates (and at the end) evaluates the agent being
+trained (its in-process acting graph):
 
 - W/D/L against the uniform random player and against minimax of `selfplay.minimax_depth`
   (the agent plays its argmax move; the opponents break ties at random, so games differ);
@@ -22,28 +23,30 @@ last one plus the history to `summary.json` under `selfplay/…`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlstack.config import ConfigError
+from rlstack.config import Config, ConfigError
 from rlstack.envs.games import Boards, GameSpec
 from rlstack.envs.minimax import Minimax, planes_to_bits
 from rlstack.envs.selfplay import (
     OpponentPool,
     Player,
+    PolicyPlayer,
     PoolSettings,
     RandomPlayer,
     SelfPlayVectorEnv,
     load_player,
-    pad_rows,
 )
 from rlstack.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
-    from rlstack.trainer import Trainer
+    from rlstack.acting import Acting
+    from rlstack.logger import RunLogger
 
 CURRENT = "current"
 EXHAUSTIVE_MAX_CELLS = 9
@@ -118,19 +121,6 @@ def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
     return MatchResult(wins, draws, losses)
 
 
-class LivePlayer:
-    """The network being trained, through the trainer's acting wrapper (one graph call per `act`)."""
-
-    def __init__(self, acting: Any, sample: bool = False, name: str = CURRENT):
-        self.acting, self.sample, self.name = acting, sample, name
-
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        n = len(obs)
-        batch = pad_rows(np.ascontiguousarray(obs, np.float32))  # few shapes: few compiles
-        action, _, _ = self.acting(batch, self.acting.noise(len(batch), rng if self.sample else None))
-        return action[:n].astype(np.int64)
-
-
 def elo_ratings(names: list[str], results: dict[tuple[str, str], MatchResult], anchor: str,
                 prior_draws: float = 1.0, iterations: int = 500) -> dict[str, float]:
     """Bradley-Terry ratings on the Elo scale (400 * log10 of strength), `anchor` at 0.
@@ -168,15 +158,19 @@ def elo_ratings(names: list[str], results: dict[tuple[str, str], MatchResult], a
 class SelfPlayHook:
     """Keeps the opponent pool current and evaluates the agent every `selfplay.eval_every` updates."""
 
-    def __init__(self, trainer: Trainer, envs: SelfPlayVectorEnv):
-        cfg = trainer.cfg.selfplay
+    def __init__(self, config: Config, envs: SelfPlayVectorEnv, out_dir: Path, policy_dir: Path, log: RunLogger,
+                 agent: Callable[[], Acting], keep_best: Callable[[float, tuple[float, ...]], bool] | None = None):
+        """`agent()` is the acting graph of the agent being trained; `keep_best(score, rank)`
+        (`train.keep_best`) is told every evaluation and says whether it was the best so far."""
+        cfg = config.selfplay
         self.cfg = cfg
         self.spec: GameSpec = envs.game
-        self.out = trainer.out / "selfplay"
+        self.out = out_dir / "selfplay"
+        self.policy_dir, self.log, self.agent, self.keep_best = policy_dir, log, agent, keep_best
         for key in ("eval_games", "minimax_depth", "elo_games"):
             if getattr(cfg, key) < 1:
                 raise ConfigError(f"'selfplay.{key}' must be >= 1, got {getattr(cfg, key)}")
-        if trainer.cfg.env.kwargs.get("opponent") is not None:
+        if config.env.kwargs.get("opponent") is not None:
             # env.kwargs.opponent (random, minimax:D, perfect, a policy path) fixes the opponent:
             # no self-play pool, the evaluations still run.
             self.pool = envs.pool
@@ -186,23 +180,22 @@ class SelfPlayHook:
                                         gate_min_games=cfg.gate_min_games, sample=cfg.opponent_sample,
                                         epsilon=cfg.opponent_epsilon, sparring=tuple(cfg.sparring),
                                         sparring_prob=cfg.sparring_prob)
-                self.pool = OpponentPool(self.spec, trainer.policy_dir, settings)
+                self.pool = OpponentPool(self.spec, policy_dir, settings)
             except ValueError as err:
                 raise ConfigError(f"selfplay: {err}") from None
             envs.set_pool(self.pool)
-        self.rng = np.random.default_rng(trainer.cfg.seed + 20_000)
+        self.rng = np.random.default_rng(config.seed + 20_000)
         self.random = RandomPlayer(self.spec)
-        self.minimax = Minimax(self.spec, cfg.minimax_depth, seed=trainer.cfg.seed + 30_000)
+        self.minimax = Minimax(self.spec, cfg.minimax_depth, seed=config.seed + 30_000)
         # Perfect minimax on a small board: also play every line of perfect play (exact).
         self.exhaustive = cfg.minimax_depth >= self.spec.n_cells and self.spec.n_cells <= EXHAUSTIVE_MAX_CELLS
         self._pairs: dict[tuple[str, str], MatchResult] = {}
         self._snapshots: dict[str, Player] = {}
         self.history: list[dict[str, Any]] = []
         self.last_eval_update = -1
-        trainer.add_checkpoint_extra(POOL_STATE_FILE, self)
         self.pool.refresh()
-        if not trainer.cfg.train.export_every and self.pool.fixed is None:
-            trainer.log.message("selfplay: train.export_every is 0, so no version is exported during "
+        if not config.train.export_every and self.pool.fixed is None:
+            log.message("selfplay: train.export_every is 0, so no version is exported during "
                                 "training and the opponent stays the uniform random player")
 
     # checkpoint extra: the gated pool's members and counters survive a resume
@@ -215,30 +208,31 @@ class SelfPlayHook:
         self.history = list(state.get("history", []))
         self.pool.refresh()
 
-    def __call__(self, trainer: Trainer) -> None:
-        """After every update: refresh the pool, log it, evaluate every `eval_every` updates."""
+    def __call__(self, counters: Any) -> None:
+        """After every update (`counters`: the trainer's steps and updates): refresh the pool,
+        log it, evaluate every `eval_every` updates."""
         added = self.pool.refresh()
         if added:
-            trainer.log.message(f"selfplay: pool {self.pool.names} (joined: {', '.join(added)})")
+            self.log.message(f"selfplay: pool {self.pool.names} (joined: {', '.join(added)})")
         metrics = {"selfplay/pool_size": float(len(self.pool.members))}
         if self.pool.score is not None:
             metrics["selfplay/score_vs_pool"] = self.pool.score
-        trainer.log.scalars(metrics, trainer.counters.steps)
+        self.log.scalars(metrics, counters.steps)
         every = self.cfg.eval_every
-        if every and trainer.counters.updates % every == 0:
-            self.evaluate(trainer)
+        if every and counters.updates % every == 0:
+            self.evaluate(counters)
 
-    def evaluate(self, trainer: Trainer) -> dict[str, Any]:
+    def evaluate(self, c: Any) -> dict[str, Any]:
         """W/D/L vs random and minimax, the Elo table; logged and appended to the history."""
-        c, cfg, rng = trainer.counters, self.cfg, self.rng
-        agent = LivePlayer(trainer.acting)
+        cfg, rng = self.cfg, self.rng
+        agent = PolicyPlayer(self.agent(), sample=False, name=CURRENT)
         record: dict[str, Any] = {"steps": c.steps, "updates": c.updates}
         for opponent in (self.random, self.minimax):
             result = play_match(self.spec, agent, opponent, cfg.eval_games, rng)
             record[f"vs_{opponent.name}"] = result.as_dict()
         if self.exhaustive:
             record["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
-        elo, vs_snapshots = self._elo(trainer)
+        elo, vs_snapshots = self._elo()
         record["elo"] = elo
         record["vs_snapshots"] = vs_snapshots
         record["pool"] = self.pool.names
@@ -259,30 +253,30 @@ class SelfPlayHook:
             for stat in ("draw_rate", "loss_rate"):
                 scalars[f"eval/vs_every_perfect_line/{stat}"] = lines[stat]
             text = f", every perfect line W/D/L {lines['wins']}/{lines['draws']}/{lines['losses']}"
-        trainer.log.scalars(scalars, c.steps)
+        self.log.scalars(scalars, c.steps)
         # Fewest losses against perfect play (every line where the game is small enough), then
         # against the sampled minimax games, then against random; then most wins against random.
         rank = (-(lines or m)["losses"], -m["losses"], -r["losses"], r["wins"])
-        if trainer.cfg.train.keep_best and trainer.consider_best((m["wins"] - m["losses"]) / m["games"], rank):
+        if self.keep_best is not None and self.keep_best((m["wins"] - m["losses"]) / m["games"], rank):
             text += " (best so far)"
-        trainer.log.message(
+        self.log.message(
             f"selfplay eval @ {c.steps:,} steps: vs random W/D/L {r['wins']}/{r['draws']}/{r['losses']}, "
             f"vs {self.minimax.name} {m['wins']}/{m['draws']}/{m['losses']}{text}, Elo current {elo[CURRENT]:.0f}")
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out / "eval.json", json.dumps(self.history, indent=2))
         return record
 
-    def _elo(self, trainer: Trainer) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    def _elo(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         from rlstack.artifact import list_versions
 
         cfg, rng = self.cfg, self.rng
-        versions = list_versions(trainer.policy_dir)[-cfg.elo_snapshots:]
+        versions = list_versions(self.policy_dir)[-cfg.elo_snapshots:]
         for v in versions:
             if v.name not in self._snapshots:
                 self._snapshots[v.name] = load_player(v, self.spec, sample=True)
         players: dict[str, Player] = {self.random.name: self.random, self.minimax.name: self.minimax}
         players.update({v.name: self._snapshots[v.name] for v in versions})
-        players[CURRENT] = LivePlayer(trainer.acting, sample=True)
+        players[CURRENT] = PolicyPlayer(self.agent(), sample=True, name=CURRENT)
         names = list(players)
         results: dict[tuple[str, str], MatchResult] = {}
         for i, a in enumerate(names):
@@ -299,11 +293,11 @@ class SelfPlayHook:
         vs_snapshots = {k: v.as_dict() for k, v in vs_snapshots.items() if k in snapshots}
         return elo_ratings(names, results, anchor=self.random.name), vs_snapshots
 
-    def finish(self, trainer: Trainer, again: bool = False) -> dict[str, Any]:
+    def finish(self, counters: Any, again: bool = False) -> dict[str, Any]:
         """Final evaluation (unless the last update was just evaluated and `again` is False, as it
         is when the final policy is the best evaluation's) -> `summary.json` entries."""
-        if again or self.last_eval_update != trainer.counters.updates:
-            self.evaluate(trainer)
+        if again or self.last_eval_update != counters.updates:
+            self.evaluate(counters)
         last = self.history[-1]
         return {
             "selfplay/vs_random": last[f"vs_{self.random.name}"],
@@ -321,12 +315,6 @@ def _flip(result: MatchResult) -> MatchResult:
     return MatchResult(result.losses, result.draws, result.wins)
 
 
-def attach_selfplay(trainer: Trainer) -> SelfPlayHook | None:
-    """Attach the hook when the trainer's env is a self-play game; None otherwise."""
-    envs = trainer.envs
-    if not isinstance(envs, SelfPlayVectorEnv):
-        return None
-    hook = SelfPlayHook(trainer, envs)
-    trainer.update_hooks.append(hook)
-    return hook
-
+def is_selfplay(envs: Any) -> bool:
+    """True when a vector env is a self-play game (envs/selfplay.py), which gets a `SelfPlayHook`."""
+    return isinstance(envs, SelfPlayVectorEnv)

@@ -1,6 +1,6 @@
 """Builds the policy server's FastAPI app (serving stage): lifespan, guards, error answers, hot reload.
 
-The policy is loaded in the lifespan hook through `rlstack.artifact.load_policy` (the loader
+The policy is loaded in the lifespan hook through `rlstack.acting.load_policy` (the loader
 the actor uses), never at import. A new version is loaded and verified beside the one being
 served (reading and checksumming on a loader thread, compiling on the graph thread between two
 batches) and swapped in only when it works; a version that fails any check is refused, logged
@@ -28,7 +28,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from rlstack.artifact import MANIFEST_FILE, ArtifactError, Policy, load_policy, resolve_version_dir
+from rlstack.acting import Policy, load_policy
+from rlstack.artifact import MANIFEST_FILE, ArtifactError, latest_name, resolve_version_dir
 from rlstack.profiling import ProfileWindow
 from rlstack.runtime import Runtime, configure
 from rlstack.serving.batcher import Batcher, ServedPolicy, bucket_sizes
@@ -132,10 +133,7 @@ class Reloader:
             return ReloadOutcome("reloaded", detail)
 
     def _latest_name(self) -> str | None:
-        try:
-            return self.latest.read_text().strip() if self.latest else None
-        except OSError:
-            return None
+        return latest_name(self._settings.policy) if self.latest else None
 
     def _load(self) -> Policy:
         return load_policy(self._settings.policy, device=self._runtime.device, fusion=self._runtime.fusion)
@@ -154,8 +152,8 @@ class Reloader:
         while True:
             await asyncio.sleep(every_s)
             try:
-                name = self.latest.read_text().strip()
-                if name not in (self._batcher.served.version, self._refused):
+                name = self._latest_name()
+                if name is not None and name not in (self._batcher.served.version, self._refused):
                     await self.reload(force=False)
             except Exception:  # keep watching whatever happened to the files
                 log.exception("reload: checking %s failed", self.latest)

@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlstack.artifact import ArtifactError, Policy
+from rlstack.acting import Policy
+from rlstack.artifact import ArtifactError
 from rlstack.profiling import ProfileWindow
 from rlstack.serving.metrics import ServeMetrics
 
@@ -63,12 +64,10 @@ def bucket_sizes(max_batch: int, max_rows: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ServedPolicy:
-    """A policy as served: the graph, its action clip bounds and the batch sizes it runs at."""
+    """A policy as served: the loaded graph (`rlstack.acting.Acting`) and the batch sizes it runs at."""
 
     policy: Policy
     buckets: tuple[int, ...]
-    low: np.ndarray | None  # Box action bounds (None for Discrete), as Policy.act clips
-    high: np.ndarray | None
 
     @property
     def version(self) -> str:
@@ -76,25 +75,16 @@ class ServedPolicy:
 
     @classmethod
     def of(cls, policy: Policy, buckets: tuple[int, ...]) -> ServedPolicy:
-        space = policy.manifest["action_space"]
-        if space["type"] == "Box":
-            return cls(policy, buckets, np.asarray(space["low"], np.float32), np.asarray(space["high"], np.float32))
-        return cls(policy, buckets, None, None)
+        return cls(policy, buckets)
 
     def bucket(self, rows: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, rows)]
 
     def run(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """obs [n, *obs_shape], noise [n, k] -> (action, logp, value) for the n rows; graph thread only."""
-        n, size = len(obs), self.bucket(len(obs))
-        if size > n:  # rows are independent: zero rows only fill the compiled shape
-            obs = np.concatenate([obs, np.zeros((size - n, *obs.shape[1:]), np.float32)])
-            noise = np.concatenate([noise, np.zeros((size - n, noise.shape[1]), np.float32)])
-        result = self.policy.run(obs, noise)
-        action = result.action[:n]
-        if self.low is not None:  # as Policy.act(clip=True): Box actions within the action space
-            action = np.clip(action, self.low, self.high)
-        return action, result.logp[:n], result.value[:n]
+        """obs [n, *obs_shape], noise [n, k] -> (action, logp, value) for the n rows, run at the
+        next compiled batch size; Box actions within the action space. Graph thread only."""
+        action, logp, value = self.policy.run(obs, noise, rows=self.bucket(len(obs)))
+        return self.policy.to_env(action), logp, value
 
 
 def compile_bucket(served: ServedPolicy, size: int) -> None:

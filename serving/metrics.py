@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from rlstack.artifact import Policy
+    from rlstack.acting import Policy
 
 # Rows per graph call: powers of two up to the largest request we accept by default.
 _ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)

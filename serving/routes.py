@@ -169,7 +169,7 @@ async def act(request: Request) -> Response:
         raise RequestValidationError(err.errors(include_url=False)) from None
     obs, single = parse_obs(body.obs, policy.obs_shape, settings.max_rows)
     rng = np.random.default_rng(body.seed) if body.seed is not None else server.rng
-    noise = policy.noise(len(obs), body.deterministic, rng)
+    noise = policy.noise(len(obs), None if body.deterministic else rng)
     answer = await server.batcher.submit(obs, noise)
     bad = ~(np.isfinite(answer.logp) & np.isfinite(answer.value))
     if answer.action.dtype.kind == "f":

@@ -18,26 +18,14 @@ processes by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 
+from rlstack.collector import ArraySpec
+
 _ALIGN = 64  # cache-line aligned arrays
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """One array of a shared block: name, shape, numpy dtype name."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
 def _layout(specs: tuple[ArraySpec, ...]) -> tuple[list[int], int]:

@@ -62,10 +62,10 @@ def measure_refresh(repeats: int = 10) -> dict[str, Any]:
     import numpy as np
     from mindspore import Tensor
 
-    from rlstack.artifact import export_policy, load_policy
+    from rlstack.acting import load_policy
+    from rlstack.artifact import export_policy
     from rlstack.network import NetSpec, Network
     from rlstack.runtime import configure
-    from rlstack.serving.actor import GraphActing
 
     configure()
     env = gym.make("CartPole-v1")
@@ -88,7 +88,7 @@ def measure_refresh(repeats: int = 10) -> dict[str, Any]:
             t2 = time.perf_counter()
             exports.append(t1 - t0)
             reloads.append(t2 - t1)
-        acting = GraphActing(policy)
+        acting = policy
         for i in range(repeats * 5):
             t0 = time.perf_counter()
             acting.sync_from(net, i)

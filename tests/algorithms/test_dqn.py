@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from rlstack.algorithms.dqn import DQN, linear_epsilon, td_target
+from rlstack.algorithms.dqn import DQN, linear_epsilon, target_update_count, td_target
 from rlstack.algorithms.ppo import PPO
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
 from rlstack.network import Network, NoiseKind
+from rlstack.registry import Progress
 from rlstack.replay import ReplayBuffer
 from rlstack.trainer import Trainer
 
@@ -64,7 +65,7 @@ def test_update_minimises_huber_td_error_against_numpy():
     replay.add(obs, rng.integers(0, 2, 64), rng.standard_normal(64) * 3, next_obs, terminated, rng.random(64) < 0.3)
     # learn() samples its minibatch from this generator: replay it to know the rows.
     rows = replay.sample_index((1, 64), np.random.default_rng(11))[0]
-    metrics = algo.learn(replay, 1.0, np.random.default_rng(11), 10)
+    metrics = algo.learn(replay, Progress(10, 1.0), np.random.default_rng(11))
     b = replay.gather(rows)
     q_online_next = _np_q(online, on_prefix, b.next_obs)
     q_target_next = _np_q(target, tg_prefix, b.next_obs)
@@ -93,15 +94,15 @@ def _replay_with_data() -> ReplayBuffer:
 def test_hard_target_update_every_interval_of_env_steps():
     algo = _dqn("train.gradient_steps=4", "train.target_update_interval=10", "train.tau=1.0")
     replay, rng = _replay_with_data(), np.random.default_rng(1)
-    algo.learn(replay, 1.0, rng, 8)  # no multiple of 10 crossed: target untouched
+    algo.learn(replay, Progress(8, 1.0), rng)  # no multiple of 10 crossed: target untouched
     before = _params(algo.network)
     first_target, first_online = (next(iter(_params(c).values())) for c in (algo.target, algo.network))
     assert not np.array_equal(first_target, first_online)  # the online net moved, the target did not
-    algo.learn(replay, 1.0, rng, 12)  # crossed 10: hard copy of the online net, then 4 steps
+    algo.learn(replay, Progress(12, 1.0), rng)  # crossed 10: hard copy of the online net, then 4 steps
     for (_, t), (_, o) in zip(_params(algo.target).items(), before.items(), strict=True):
         np.testing.assert_array_equal(t, o)
     synced = _params(algo.target)
-    algo.learn(replay, 1.0, rng, 19)  # next multiple (20) not reached
+    algo.learn(replay, Progress(19, 1.0), rng)  # next multiple (20) not reached
     for k, v in _params(algo.target).items():
         np.testing.assert_array_equal(v, synced[k])
     assert int(algo.step.target_synced_at.asnumpy()) == 12
@@ -111,7 +112,7 @@ def test_polyak_target_update_compounds_the_updates_due():
     algo = _dqn("train.gradient_steps=2", "train.target_update_interval=10", "train.tau=0.25")
     replay, rng = _replay_with_data(), np.random.default_rng(1)
     target_before, online_before = _params(algo.target), _params(algo.network)
-    algo.learn(replay, 1.0, rng, 30)  # three updates due towards an unchanged online net
+    algo.learn(replay, Progress(30, 1.0), rng)  # three updates due towards an unchanged online net
     mix = 1 - 0.75**3
     for (k, t), o in zip(_params(algo.target).items(), online_before.values(), strict=True):
         np.testing.assert_allclose(t, target_before[k] * (1 - mix) + o * mix, rtol=1e-6, atol=1e-7)
@@ -140,12 +141,12 @@ def test_epsilon_greedy_inside_the_acting_graph():
     np.testing.assert_array_equal(zero_action.asnumpy(), greedy)
 
 
-def test_linear_epsilon_schedule_and_before_step():
+def test_linear_epsilon_schedule_and_explore():
     assert linear_epsilon(1.0, 1.0, 0.04, 0.16) == 1.0
     assert linear_epsilon(1.0 - 0.08, 1.0, 0.04, 0.16) == pytest.approx(0.52)
     assert linear_epsilon(0.5, 1.0, 0.04, 0.16) == 0.04
     algo = _dqn()
-    algo.before_step(1.0 - 0.08)
+    algo.explore(1.0 - 0.08)
     assert float(algo.network.epsilon.asnumpy()) == pytest.approx(0.52)
 
 
@@ -215,3 +216,10 @@ def test_dqn_solves_cartpole_within_5e4_steps(tmp_path):
     assert summary["total_steps"] == 50_000
     assert summary["final_policy"] == "best"  # configs/dqn_cartpole.yaml: train.keep_best
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
+
+
+def test_target_update_count_counts_crossed_multiples():
+    assert target_update_count(0, 9, 10) == 0
+    assert target_update_count(9, 10, 10) == 1
+    assert target_update_count(10, 19, 10) == 0
+    assert target_update_count(5, 256, 10) == 25

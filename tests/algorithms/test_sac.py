@@ -15,6 +15,7 @@ from rlstack.algorithms.sac import SAC, parse_ent_coef
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
 from rlstack.network import Network, NoiseKind
+from rlstack.registry import Progress
 from rlstack.replay import ReplayBuffer
 from rlstack.trainer import Trainer
 
@@ -117,7 +118,7 @@ def test_one_gradient_step_against_numpy_and_polyak_update():
     replay_rng = np.random.default_rng(9)
     rows = replay.sample_index((1, 32), replay_rng)[0]
     noise = replay_rng.standard_normal((2, 1, 32, 2), dtype=np.float32)
-    metrics = algo.learn(replay, 1.0, np.random.default_rng(9), 200)
+    metrics = algo.learn(replay, Progress(200, 1.0), np.random.default_rng(9))
     b = replay.gather(rows)
     alpha, gamma = 1.0, 0.99
     next_action, next_logp, _ = _np_actor(online_before, b.next_obs, noise[1, 0])
@@ -157,13 +158,13 @@ def test_target_update_interval_counts_gradient_steps():
     replay = ReplayBuffer.for_spaces(50, gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(LOW, HIGH))
     replay.add(rng.standard_normal((50, 3)), rng.uniform(LOW, HIGH, (50, 2)), rng.standard_normal(50),
                rng.standard_normal((50, 3)), np.zeros(50, bool), np.zeros(50, bool))
-    algo.learn(replay, 1.0, rng, 0)  # steps 0, 1, 2: hard updates after steps 0 and 2
+    algo.learn(replay, Progress(0, 1.0), rng)  # steps 0, 1, 2: hard updates after steps 0 and 2
     critics = {k: v for k, v in _params(algo.network).items() if "critics" in k}
     targets = {k: v for k, v in _params(algo.target).items() if "critics" in k}
     for t, o in zip(targets.values(), critics.values(), strict=True):
         # Polyak is a Lerp kernel: target + 1 * (critic - target) is the critic to within 1 ulp
         np.testing.assert_allclose(t, o, rtol=3e-7, atol=1e-9)
-    algo.learn(replay, 1.0, rng, 0)  # steps 3, 4, 5: the last update after step 4
+    algo.learn(replay, Progress(0, 1.0), rng)  # steps 3, 4, 5: the last update after step 4
     critics = {k: v for k, v in _params(algo.network).items() if "critics" in k}
     targets = {k: v for k, v in _params(algo.target).items() if "critics" in k}
     assert not all(np.array_equal(t, o) for t, o in zip(targets.values(), critics.values(), strict=True))

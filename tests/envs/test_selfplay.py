@@ -192,15 +192,15 @@ def test_bad_env_kwargs_are_named():
 # ----- the pool and batched opponent calls ----------------------------------------------------------
 
 def counting(player) -> list[int]:
-    """Count graph calls of a loaded version (wraps the real `Policy.run`)."""
+    """Count graph calls of a loaded version (wraps the real graph call of its `Acting`)."""
     calls = [0]
-    run = player.policy.run
+    call = player.acting.call
 
     def counted(obs, noise):
         calls[0] += 1
-        return run(obs, noise)
+        return call(obs, noise)
 
-    player.policy.run = counted
+    player.acting.call = counted
     return calls
 
 
@@ -329,7 +329,7 @@ def test_trainer_fills_the_pool_and_logs_evaluations(tmp_path):
 
 
 def test_keep_best_exports_the_network_of_the_best_game_evaluation(tmp_path):
-    from rlstack.artifact import load_policy
+    from rlstack.acting import load_policy
     from rlstack.trainer import Trainer
 
     cfg = load_config("ppo_tictactoe_selfplay", [

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from rlstack.artifact import ArtifactError, export_policy, load_policy
+from rlstack.acting import PolicyWatcher, load_policy
+from rlstack.artifact import ArtifactError, export_policy
 from rlstack.network import NetSpec, Network, PolicyKind, sample_noise
 from rlstack.runtime import DeviceError, resolve_fusion
-from rlstack.serving.actor import PolicyWatcher
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 

@@ -1,9 +1,10 @@
 """GAE against a 3-step example worked out by hand, with a time-limit truncation in it."""
 
-import numpy as np
-import pytest
+from types import SimpleNamespace
 
-from rlstack.buffers import RolloutBuffer, compute_gae
+import numpy as np
+
+from rlstack.buffers import compute_gae, rollout_batch
 
 
 def test_gae_hand_example_with_truncation():
@@ -34,16 +35,18 @@ def test_gae_lambda_one_is_discounted_return_minus_value():
         np.testing.assert_allclose(adv[t], g - value[t], rtol=1e-5, atol=1e-5)
 
 
-def test_rollout_buffer_flattens_time_major():
-    buf = RolloutBuffer(2, 3, (4,), (), np.int32)
-    for t in range(2):
-        buf.add(np.full((3, 4), t, np.float32), np.arange(3) + 10 * t, np.zeros(3), np.zeros(3), np.ones(3),
-                np.zeros(3, bool))
-    assert buf.full
-    batch = buf.finish(np.zeros(3, np.float32), 0.99, 0.95)
+def test_rollout_batch_flattens_time_major_and_bootstraps_truncations():
+    t, n = 2, 3
+    zeros = np.zeros((t, n), np.float32)
+    truncated = np.zeros((t, n), bool)
+    truncated[1, 2] = True  # env 2's episode is cut by a time limit at the last step
+    final_value = zeros.copy()
+    final_value[1, 2] = 5.0
+    traj = SimpleNamespace(obs=np.stack([np.full((n, 4), s, np.float32) for s in range(t)]),
+                           action=np.stack([np.arange(n) + 10 * s for s in range(t)]).astype(np.int32),
+                           logp=zeros, value=zeros, reward=np.ones((t, n), np.float32), terminated=zeros > 0,
+                           truncated=truncated, final_value=final_value, last_value=np.full(n, 2.0, np.float32))
+    batch = rollout_batch(traj, 0.5, 1.0)
     assert batch.obs.shape == (6, 4) and batch.action.tolist() == [0, 1, 2, 10, 11, 12]
-    assert batch.ret.shape == (6,)
-    assert buf.pos == 0
-    with pytest.raises(IndexError):
-        for _ in range(3):
-            buf.add(np.zeros((3, 4)), np.zeros(3), np.zeros(3), np.zeros(3), np.zeros(3), np.zeros(3, bool))
+    # env 0 runs on: 1 + 0.5 * (1 + 0.5 * 2); env 2 is cut: 1 + 0.5 * (1 + 0.5 * 5) (the final obs's value)
+    np.testing.assert_allclose(batch.ret.reshape(t, n)[0], [2.0, 2.0, 2.75])

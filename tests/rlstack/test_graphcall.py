@@ -5,7 +5,8 @@ import gymnasium as gym
 import numpy as np
 from mindspore import Tensor
 
-from rlstack.artifact import export_policy, load_policy
+from rlstack.acting import load_policy
+from rlstack.artifact import export_policy
 from rlstack.graphcall import LeanCall
 from rlstack.network import NetSpec, Network
 

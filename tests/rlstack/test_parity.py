@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from rlstack.artifact import export_policy, load_policy
+from rlstack.acting import Acting, load_policy
+from rlstack.artifact import export_policy
 from rlstack.config import load_config
 from rlstack.network import BLOCK_ROWS, NetSpec, Network, PolicyKind, QKind, sample_noise
-from rlstack.parity import RecentObs, measure_parity, padded, parity_rows
-from rlstack.trainer import Acting, Trainer
+from rlstack.parity import RecentObs, measure_parity, parity_rows
+from rlstack.trainer import Trainer
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
 BOX = gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -46,7 +47,8 @@ def test_strict_mode_is_bitwise_equal_across_batch_sizes(tmp_path, head):
                             fusion=False, config_hash="t")
     policy = load_policy(version)
     assert policy.manifest["batch_rows"] == BLOCK_ROWS
-    live = padded(Acting(net, space), BLOCK_ROWS)  # a strict graph's calling convention: whole BLOCK_ROWS-row blocks
+    live = Acting.of_network(net, OBS, space)  # called on whole BLOCK_ROWS-row blocks, as a strict graph must be
+    assert live.batch_rows == BLOCK_ROWS
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((448, 6)).astype(np.float32)  # 448 = 7 * 64 rows
     noise = sample_noise(net.noise_kind, net.noise_dim, len(obs), rng)
@@ -80,8 +82,8 @@ def test_measure_parity_against_the_exported_graph(tmp_path, strict):
     assert len(recent.get()) == 300
     rows = parity_rows(8, 64)
     obs = recent.get()[-rows:]
-    live = padded(Acting(net, gym.spaces.Discrete(3)), policy.manifest["batch_rows"])
-    report = measure_parity(policy, live, obs, policy.noise(rows, False, rng), rollout_batch=8, minibatch=64)
+    live = Acting.of_network(net, OBS, gym.spaces.Discrete(3))
+    report = measure_parity(policy, live, obs, policy.noise(rows, rng), rollout_batch=8, minibatch=64)
     assert report.export_bitwise, report  # the MindIR computes what the module computes, same batch
     assert report.max_abs_logp < 1e-5 and report.max_abs_value < 1e-5
     if strict:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from rlstack.artifact import load_policy
+from rlstack.acting import load_policy
 from rlstack.config import load_config
 from rlstack.trainer import Trainer
 
@@ -45,3 +45,23 @@ def test_periodic_evaluations_are_logged_and_the_best_network_is_the_final_polic
 def test_without_keep_best_the_last_network_is_the_final_policy(tmp_path):
     summary = Trainer(load_config(None, SMALL), tmp_path / "run").train()
     assert summary["final_policy"] == "last" and summary["eval/best_mean_return"] is not None
+
+
+def test_resume_continues_the_best_evaluation(tmp_path):
+    run = tmp_path / "run"
+    first = Trainer(load_config(None, [*SMALL, "train.keep_best=true"]), run)
+    first.train()
+    best = first.best
+    resumed = Trainer.resume(run, ["train.total_steps=1536"])
+    # The checkpoint holds the best evaluation: its score, step and parameters come back.
+    assert (resumed.best.mean_return, resumed.best.steps, resumed.best.rank) == (best.mean_return, best.steps,
+                                                                               best.rank)
+    for name, value in best.params.items():
+        np.testing.assert_array_equal(resumed.best.params[name], value)
+    summary = resumed.train()
+    # The evaluation schedule goes on where it stopped (finals at 1024 and 1536 besides the periodic ones).
+    assert sorted(s for s, _ in _tb_scalars(run, "eval/mean_return")) == [256, 512, 768, 1024, 1024, 1280,
+                                                                          1536, 1536]
+    assert summary["eval/best_mean_return"] >= best.mean_return
+    if summary["eval/best_steps"] <= 1024:  # nothing after the resume beat the kept best
+        assert (summary["eval/best_mean_return"], summary["eval/best_steps"]) == (best.mean_return, best.steps)

@@ -10,7 +10,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
-from rlstack.artifact import export_policy, load_policy
+from rlstack.acting import load_policy
+from rlstack.artifact import export_policy
 from rlstack.envs.games import TICTACTOE, TicTacToe
 from rlstack.envs.selfplay import PolicyPlayer
 from rlstack.network import NetSpec, Network

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlstack.config import load_config
-from rlstack.replay import REPLAY_FILE, ReplayBuffer, random_actions, target_update_count
+from rlstack.replay import REPLAY_FILE, ReplayBuffer
 from rlstack.trainer import Trainer
 
 
@@ -87,20 +87,6 @@ def test_save_and_load_round_trip_after_wraparound(tmp_path):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(replay, name))
     with pytest.raises(ValueError, match="does not fit"):
         ReplayBuffer(6, (3,), (), np.int32).load(tmp_path / REPLAY_FILE)
-
-
-def test_random_actions_and_target_update_count():
-    rng = np.random.default_rng(0)
-    discrete = random_actions(gym.spaces.Discrete(3), 1000, rng)
-    assert discrete.dtype == np.int32 and set(np.unique(discrete)) == {0, 1, 2}
-    box = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
-    cont = random_actions(box, 1000, rng)
-    assert cont.shape == (1000, 2) and cont.dtype == np.float32
-    assert all(box.contains(a) for a in cont)
-    assert target_update_count(0, 9, 10) == 0
-    assert target_update_count(9, 10, 10) == 1
-    assert target_update_count(10, 19, 10) == 0
-    assert target_update_count(5, 256, 10) == 25
 
 
 def test_off_policy_loop_stores_final_obs_and_flags(tmp_path):

@@ -9,18 +9,13 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from rlstack.artifact import export_policy, load_policy
+from rlstack.acting import load_policy, weights_of
+from rlstack.artifact import export_policy
 from rlstack.bench.seeds import LEARNING_RUNS
+from rlstack.collector import ActorSpec, Trajectory, trajectory_specs
 from rlstack.config import load_config
 from rlstack.network import NetSpec, Network, PolicyKind, QKind
-from rlstack.serving.actor import (
-    ActorError,
-    ActorPool,
-    ActorSpec,
-    GraphActing,
-    Trajectory,
-    weights_of,
-)
+from rlstack.serving.actor import ActorError, ActorPool
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ENV = gym.make("CartPole-v1")
@@ -41,7 +36,7 @@ def _perturb(net: Network, seed: int) -> None:
 def test_graph_acting_runs_the_export_and_follows_the_learner(tmp_path):
     ms.set_seed(0)
     net = Network(OBS, ACT, NetSpec())
-    acting = GraphActing(load_policy(_export(net, tmp_path, 0)))
+    acting = load_policy(_export(net, tmp_path, 0))
     state = {"updates": 0}
     acting.follow(net, lambda: (state["updates"],))
     rng = np.random.default_rng(0)
@@ -52,17 +47,17 @@ def test_graph_acting_runs_the_export_and_follows_the_learner(tmp_path):
         live = net(Tensor(obs), Tensor(noise))
         return all(np.array_equal(a, b.asnumpy()) for a, b in zip(acting(obs, noise), live, strict=True))
 
-    assert same_as_live() and acting.version == 0
+    assert same_as_live() and acting.updates == 0
     _perturb(net, 1)
     assert not same_as_live()  # the learner changed, but no update was counted: still the old weights
     state["updates"] = 1
-    assert same_as_live() and acting.version == 1 and acting.refreshes == 2
+    assert same_as_live() and acting.updates == 1 and acting.refreshes == 2
 
 
 def test_graph_acting_refreshes_only_epsilon_between_updates(tmp_path):
     ms.set_seed(0)
     net = Network(OBS, ACT, NetSpec(policy=PolicyKind.NONE, value=False, q=QKind.DISCRETE))
-    acting = GraphActing(load_policy(_export(net, tmp_path, 0)))
+    acting = load_policy(_export(net, tmp_path, 0))
     state = {"epsilon": 0.0}
     acting.follow(net, lambda: (0, state["epsilon"]))
     obs = np.zeros((4, 4), np.float32)
@@ -103,11 +98,12 @@ def test_an_actor_process_picks_up_published_versions_and_weights(tmp_path):
     net = Network(OBS, ACT, NetSpec())
     bootstrap = _export(net, tmp_path / "bootstrap", 0)
     policy_dir = tmp_path / "run" / "policy"
-    layout = GraphActing(load_policy(bootstrap)).layout
+    layout = load_policy(bootstrap).layout
     spec = ActorSpec(env_id="CartPole-v1", n_envs=2, steps=8, policy_dir=str(policy_dir), bootstrap=str(bootstrap),
                      seed=3, poll_seconds=0.05)
-    with ActorPool(spec, 1, layout, (4,), (), "int32") as pool:
-        pool.start(weights_of(net, layout), 0)
+    with ActorPool(spec, 1, layout, trajectory_specs(spec.steps, spec.n_envs, (4,), (), "int32", False)) as pool:
+        pool.publish(weights_of(net, layout), 0)
+        pool.start()
         traj = pool.get(timeout=300)
         assert traj.obs.shape == (8, 2, 4) and traj.action.dtype == np.int32 and traj.next_obs is None
         assert np.all(traj.version == 0)
@@ -126,11 +122,12 @@ def test_a_failing_actor_is_reported_with_its_traceback(tmp_path):
     ms.set_seed(0)
     net = Network(OBS, ACT, NetSpec())
     bootstrap = _export(net, tmp_path / "bootstrap", 0)
-    layout = GraphActing(load_policy(bootstrap)).layout
+    layout = load_policy(bootstrap).layout
     spec = ActorSpec(env_id="CartPole-v1", n_envs=1, steps=4, policy_dir=str(tmp_path / "none"),
                      bootstrap=str(tmp_path / "missing"), seed=0)
-    with ActorPool(spec, 1, layout, (4,), (), "int32") as pool:
-        pool.start(weights_of(net, layout), 0)
+    with ActorPool(spec, 1, layout, trajectory_specs(spec.steps, spec.n_envs, (4,), (), "int32", False)) as pool:
+        pool.publish(weights_of(net, layout), 0)
+        pool.start()
         with pytest.raises(ActorError, match="actor 0 failed:(.|\n)*ArtifactError(.|\n)*missing"):
             pool.get(timeout=300)
 
@@ -161,7 +158,7 @@ def test_truncated_importance_weights_correct_stale_samples():
     learner = LearnerLogp(algo.network)(Tensor(obs), Tensor(action)).asnumpy()
     behaviour = (learner + rng.normal(0, 0.5, rows)).astype(np.float32)  # an older policy's logp
     adv, ret, value = (rng.standard_normal(rows).astype(np.float32) for _ in range(3))
-    metrics = algo.learn(RolloutBatch(obs, action, behaviour, value, adv, ret), 1.0, rng)
+    metrics = algo.learn_batch(RolloutBatch(obs, action, behaviour, value, adv, ret), 1.0, rng)
     rho = np.exp(learner.astype(np.float64) - behaviour)
     assert metrics["train/is_weight_mean"] == pytest.approx(np.minimum(rho, 1.5).mean(), rel=1e-5)
     assert metrics["train/is_truncated_fraction"] == pytest.approx((rho > 1.5).mean())

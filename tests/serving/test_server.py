@@ -31,7 +31,7 @@ import pytest
 from mindspore import Tensor, nn
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlstack.artifact import Policy, load_policy
+from rlstack.acting import Policy, load_policy
 from rlstack.fsutil import atomic_write_text
 from rlstack.network import NoiseKind, sample_noise
 
@@ -164,7 +164,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 def seeded_rows(policy: Policy, obs: np.ndarray, seeds: list[int]):
     """The graph on obs [N, 4] with row i's noise drawn from default_rng(seeds[i]), in one call."""
-    noise = np.concatenate([policy.noise(1, False, np.random.default_rng(s)) for s in seeds])
+    noise = np.concatenate([policy.noise(1, np.random.default_rng(s)) for s in seeds])
     return policy.run(obs.astype(np.float32), noise)
 
 

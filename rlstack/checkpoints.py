@@ -1,0 +1,70 @@
+"""Checkpoints of a run: `<out>/checkpoints/step_N/` (parameters, counters, config, extras) and `LATEST`.
+
+A checkpoint directory is written under a temp name, fsynced and renamed into place, and `LATEST`
+is replaced atomically, so a crash leaves the previous checkpoint whole. Extras are the other
+state a run must keep (the replay buffer, the self-play pool, the best evaluation): anything with
+`save(path)` and `load(path)`, one file each.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mindspore as ms
+
+from rlstack.fsutil import atomic_directory, atomic_write_text
+
+CHECKPOINT_FILE = "state.ckpt"
+STATE_FILE = "trainer.json"
+CONFIG_FILE = "config.yaml"
+
+
+class ResumeError(RuntimeError):
+    """A run directory cannot be resumed (no checkpoint, or the checkpoint does not fit)."""
+
+
+def save(checkpoint_dir: Path, steps: int, cell: Any, state: dict[str, Any], config_yaml: str,
+         extras: dict[str, Any], keep: int) -> Path:
+    """Write `step_<steps>/` and point LATEST at it; keep the newest `keep` checkpoints."""
+    name = f"step_{steps:010d}"
+    target = checkpoint_dir / name
+    if target.exists():
+        return target
+    with atomic_directory(target) as tmp:
+        ms.save_checkpoint(cell, str(tmp / CHECKPOINT_FILE))
+        (tmp / STATE_FILE).write_text(json.dumps(state))
+        (tmp / CONFIG_FILE).write_text(config_yaml)
+        for filename, extra in extras.items():
+            extra.save(tmp / filename)
+    atomic_write_text(checkpoint_dir / "LATEST", name + "\n")
+    kept = sorted(p for p in checkpoint_dir.glob("step_*") if p.is_dir())
+    for old in kept[: max(0, len(kept) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def latest(out: Path) -> Path:
+    """The checkpoint directory `<out>/checkpoints/LATEST` names."""
+    pointer = out / "checkpoints" / "LATEST"
+    if not pointer.is_file():
+        raise ResumeError(f"{out} has no checkpoints/LATEST: nothing to resume")
+    return out / "checkpoints" / pointer.read_text().strip()
+
+
+def load(path: Path, cell: Any) -> dict[str, Any]:
+    """Load the parameters into `cell` (refusing any that do not fit) and return the saved state."""
+    params = ms.load_checkpoint(str(path / CHECKPOINT_FILE))
+    expected = {p.name for p in cell.get_parameters()}
+    missing, unexpected = expected - set(params), set(params) - expected
+    if missing or unexpected:
+        raise ResumeError(f"checkpoint {path} does not fit this config: missing {sorted(missing)[:5]}, "
+                          f"unexpected {sorted(unexpected)[:5]}")
+    for p in cell.get_parameters():
+        if tuple(p.shape) != tuple(params[p.name].shape):
+            raise ResumeError(f"checkpoint {path}: '{p.name}' has shape {tuple(params[p.name].shape)}, "
+                              f"this config builds {tuple(p.shape)}")
+    ms.load_param_into_net(cell, params, strict_load=True)
+    return json.loads((path / STATE_FILE).read_text())

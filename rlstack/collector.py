@@ -1,0 +1,230 @@
+"""The collector: the env loop, written once, turning a vector env and an `Acting` into trajectory chunks.
+
+Used in the learner's own process (`LocalSource`, `actors: 0`) and inside every actor process
+(`rlstack.serving.actor`); the learner consumes `Trajectory` chunks the same way from either.
+One loop owns episode accounting (returns and lengths of finished episodes), time-limit
+truncation (the value of `info["final_obs"]` for on-policy learners, the real next observation
+for off-policy ones), uniform exploration before `learning_starts`, and the env / act timing.
+
+A chunk is `steps` vector steps of `n_envs` envs, arrays `[T, N, ...]`, every step tagged with
+the learner-update count of the weights that chose it (`version`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from rlstack.acting import Acting
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of a chunk: name, shape, numpy dtype name."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+class Trajectory(NamedTuple):
+    """`steps` vector steps of one collector ([T, N] = [steps, n_envs]), as the learner receives them."""
+
+    obs: np.ndarray  # [T, N, *obs_shape] float32, what the policy saw
+    action: np.ndarray  # [T, N] int32 or [T, N, d] float32: on-policy the raw graph output (logp
+    # refers to it), off-policy the action the env received (Box samples clipped)
+    logp: np.ndarray  # [T, N] behaviour log-probability (0 for uniform exploration)
+    value: np.ndarray  # [T, N] the graph's value output
+    reward: np.ndarray  # [T, N] float32
+    terminated: np.ndarray  # [T, N] bool
+    truncated: np.ndarray  # [T, N] bool
+    final_value: np.ndarray  # [T, N] on-policy: value of info["final_obs"] where truncated and not terminated
+    next_obs: np.ndarray | None  # [T, N, *obs_shape] off-policy: the real next obs (final_obs at episode ends)
+    version: np.ndarray  # [T] int64 weights version (learner updates) that chose each step's actions
+    last_obs: np.ndarray  # [N, *obs_shape] obs after the last step
+    last_value: np.ndarray  # [N] on-policy: value of last_obs (for GAE)
+    episode_returns: np.ndarray  # returns of the episodes that ended in this chunk
+    episode_lengths: np.ndarray
+    actor: int  # -1: the learner's own process
+    env_seconds: float
+    act_seconds: float
+
+    @classmethod
+    def of(cls, arrays: dict[str, np.ndarray], returns: list, lengths: list, actor: int,
+           env_seconds: float, act_seconds: float) -> Trajectory:
+        return cls(obs=arrays["obs"], action=arrays["action"], logp=arrays["logp"], value=arrays["value"],
+                   reward=arrays["reward"], terminated=arrays["terminated"], truncated=arrays["truncated"],
+                   final_value=arrays["final_value"], next_obs=arrays.get("next_obs"), version=arrays["version"],
+                   last_obs=arrays["last_obs"], last_value=arrays["last_value"],
+                   episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
+                   actor=actor, env_seconds=env_seconds, act_seconds=act_seconds)
+
+
+def trajectory_specs(steps: int, n_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
+                     action_dtype: str, off_policy: bool) -> tuple[ArraySpec, ...]:
+    """The arrays of one chunk (`next_obs` only for off-policy learners)."""
+    t, n = steps, n_envs
+    specs = [ArraySpec("obs", (t, n, *obs_shape), "float32"),
+             ArraySpec("action", (t, n, *action_shape), action_dtype),
+             ArraySpec("logp", (t, n), "float32"), ArraySpec("value", (t, n), "float32"),
+             ArraySpec("reward", (t, n), "float32"), ArraySpec("terminated", (t, n), "bool"),
+             ArraySpec("truncated", (t, n), "bool"), ArraySpec("final_value", (t, n), "float32"),
+             ArraySpec("version", (t,), "int64"), ArraySpec("last_obs", (n, *obs_shape), "float32"),
+             ArraySpec("last_value", (n,), "float32")]
+    if off_policy:
+        specs.append(ArraySpec("next_obs", (t, n, *obs_shape), "float32"))
+    return tuple(specs)
+
+
+def allocate(specs: tuple[ArraySpec, ...]) -> dict[str, np.ndarray]:
+    return {s.name: np.zeros(s.shape, s.dtype) for s in specs}
+
+
+class Collector:
+    """Steps a vector env with an `Acting`, filling chunk arrays.
+
+    `off_policy`: store the action the env received and the real next observation (replay
+    buffers bootstrap from it); otherwise store the raw graph action, the value of time-limit
+    truncations' final observations and of the last observation (GAE).
+    """
+
+    def __init__(self, envs: gym.vector.VectorEnv, acting: Acting, seed: int, *, off_policy: bool,
+                 rng: np.random.Generator | None = None):
+        mode = envs.metadata.get("autoreset_mode")
+        if mode != gym.vector.AutoresetMode.SAME_STEP:
+            # The chunk format needs info["final_obs"] at episode ends, with no dead step after.
+            raise ValueError(f"the collector needs a vector env with SAME_STEP autoreset, got {mode} "
+                             "(build it with rlstack.envs.make_vector_env)")
+        self.envs, self.acting, self.off_policy = envs, acting, off_policy
+        self.rng = rng if rng is not None else np.random.default_rng(seed)
+        self.obs, _ = envs.reset(seed=seed)
+        n = envs.num_envs
+        self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+
+    def collect(self, out: dict[str, np.ndarray], explore: Callable[[int], bool]) -> tuple[list, list, float, float]:
+        """Fill `out` (the `trajectory_specs` arrays); `explore(t)` runs before step t and returns
+        True while actions should be uniformly random (it may also update the acting weights'
+        inputs, e.g. an exploration schedule). Returns finished episodes' (returns, lengths) and
+        the seconds spent in the env and in acting."""
+        acting, envs, n = self.acting, self.envs, self.envs.num_envs
+        returns, lengths, env_s, act_s = [], [], 0.0, 0.0
+        for t in range(out["reward"].shape[0]):
+            uniform = explore(t)
+            t0 = time.perf_counter()
+            if uniform:
+                action = acting.random_actions(n, self.rng)
+                logp, value = np.zeros(n, np.float32), np.zeros(n, np.float32)
+            else:
+                action, logp, value = acting(self.obs, acting.noise(n, self.rng))
+            env_action = acting.to_env(action)
+            t1 = time.perf_counter()
+            next_obs, reward, terminated, truncated, info = envs.step(env_action)
+            t2 = time.perf_counter()
+            out["obs"][t], out["logp"][t], out["value"][t] = self.obs, logp, value
+            out["action"][t] = env_action if self.off_policy else action
+            out["reward"][t], out["terminated"][t], out["truncated"][t] = reward, terminated, truncated
+            out["version"][t] = acting.updates
+            done = terminated | truncated
+            if self.off_policy:
+                real_next = out["next_obs"][t]
+                real_next[:] = next_obs
+                for i in np.flatnonzero(done):  # SAME_STEP autoreset: next_obs starts the next episode
+                    real_next[i] = info["final_obs"][i]
+            else:
+                final_value = out["final_value"][t]
+                final_value[:] = 0.0
+                cut = truncated & ~terminated
+                if cut.any() and not uniform:
+                    # Time-limit truncation is not a terminal state: the learner bootstraps from it.
+                    final = np.stack(info["final_obs"][cut]).astype(np.float32)
+                    final_value[cut] = acting(final, acting.noise(len(final), None)).value
+            self.ep_return += reward
+            self.ep_length += 1
+            for i in np.flatnonzero(done):
+                returns.append(float(self.ep_return[i]))
+                lengths.append(int(self.ep_length[i]))
+            self.ep_return[done], self.ep_length[done] = 0.0, 0
+            self.obs = next_obs
+            t3 = time.perf_counter()
+            act_s += (t1 - t0) + (t3 - t2)
+            env_s += t2 - t1
+        out["last_obs"][:] = self.obs
+        if not self.off_policy:
+            out["last_value"][:] = acting(self.obs, acting.noise(n, None)).value
+        return returns, lengths, env_s, act_s
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """Everything an actor (a collector in another process) needs; picklable."""
+
+    env_id: str
+    n_envs: int
+    steps: int
+    """Vector steps per trajectory chunk (the algorithm's `chunk_steps`)."""
+    policy_dir: str
+    """The run's `policy/` directory: every version published to its LATEST is swapped in."""
+    bootstrap: str
+    """A version directory to start from before anything is published."""
+    seed: int = 0
+    vector: str = "sync"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    fusion: str = "auto"
+    off_policy: bool = False
+    """Ship the env's actions and real next observations (see `Collector`)."""
+    poll_seconds: float = 0.5
+    """How often LATEST is checked."""
+
+
+class RunningMeanStd:
+    """Running mean/variance of observations (parallel update of Chan et al.), as SB3's; the
+    learner updates it from every chunk and copies it into the network's in-graph normaliser."""
+
+    def __init__(self, shape: tuple[int, ...], epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update(self, batch: np.ndarray) -> None:
+        batch_mean, batch_var, n = batch.mean(0), batch.var(0), batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.var = m2 / total
+        self.count = total
+
+    def state(self) -> dict:
+        return {"mean": self.mean.tolist(), "var": self.var.tolist(), "count": self.count}
+
+    def load(self, state: dict) -> None:
+        self.mean = np.asarray(state["mean"], np.float64)
+        self.var = np.asarray(state["var"], np.float64)
+        self.count = float(state["count"])
+
+
+class LocalSource:
+    """Chunks collected in the learner's own process (`actors: 0`), one `get()` at a time.
+
+    `explore(t)` is the collector's per-step hook (see `Collector.collect`); the acting follows
+    the live network itself.
+    """
+
+    def __init__(self, collector: Collector, specs: tuple[ArraySpec, ...], explore: Callable[[int], bool]):
+        self.collector, self.explore = collector, explore
+        self.arrays = allocate(specs)
+
+    def get(self) -> Trajectory:
+        """The next chunk (its arrays are reused by the next `get`: consume it first)."""
+        returns, lengths, env_s, act_s = self.collector.collect(self.arrays, self.explore)
+        return Trajectory.of(self.arrays, returns, lengths, -1, env_s, act_s)
