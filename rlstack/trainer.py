@@ -11,8 +11,6 @@ check, evaluations and `summary.json`) lives here once.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -20,34 +18,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import mindspore as ms
 import numpy as np
 import yaml
 
 from rlstack import checkpoints, registry
-from rlstack.acting import Acting, load_policy, weights_of
-from rlstack.artifact import export_policy
+from rlstack.acting import Acting, load_policy
 from rlstack.checkpoints import ResumeError
-from rlstack.collector import (
-    ActorSpec,
-    Collector,
-    LocalSource,
-    RunningMeanStd,
-    Trajectory,
-    trajectory_specs,
-)
-from rlstack.config import Config, ConfigError, config_hash, load_config, to_dict, to_yaml
+from rlstack.collector import RunningMeanStd, Trajectory
+from rlstack.config import Config, ConfigError, load_config, to_dict, to_yaml
 from rlstack.envs import make_vector_env
 from rlstack.evaluation import BEST_FILE, BestEval, BestKeeper, evaluate
 from rlstack.fsutil import atomic_write_text
 from rlstack.logger import RunLogger
 from rlstack.network import Network
-from rlstack.parity import RecentObs, measure_parity, parity_rows, sample_rows
+from rlstack.parity import RecentObs
+from rlstack.publish import Publisher
 from rlstack.registry import Progress
 from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, ReplayBuffer
 from rlstack.runtime import configure
 from rlstack.selfplay_eval import POOL_STATE_FILE, SelfPlayHook, is_selfplay
+from rlstack.sources import local_source, start_actors
 
 __all__ = ["Counters", "ResumeError", "TimeSplit", "Trainer"]
 
@@ -105,9 +96,10 @@ class Trainer:
         self.acting: Acting | None = None
         """The in-process actor (`actors: 0`): the exported graph following the learner's weights."""
         self.recent_obs = RecentObs(RECENT_OBS)
-        self.parity: dict[str, Any] = {}
+        self.publisher = Publisher(cfg, self.network, self.obs_space, self.action_space, self.runtime,
+                                   self.recent_obs)
+        self.parity = self.publisher.parity
         """Latest `parity/…` values (exports and PPO's ratio check), copied into summary.json."""
-        self._acting_dir: Path | None = None
         self.obs_rms = RunningMeanStd(self.obs_space.shape) if cfg.net.normalize_obs else None
         self.counters = Counters()
         self.split = TimeSplit()
@@ -180,46 +172,30 @@ class Trainer:
         return self.out / "policy"
 
     def export(self) -> Path:
-        """Export the acting graph as the next policy version (obs statistics included)."""
+        """Export the acting graph as the next policy version (obs statistics included) and log
+        its parity against the live module (`parity/…`, TensorBoard and the console)."""
         self._push_obs_stats()
-        version = self._export_to(self.policy_dir, keep=self.cfg.train.keep_versions)
-        self.check_parity(version)
+        c = self.counters
+        version = self.publisher.export(self.policy_dir, c.steps, c.updates, keep=self.cfg.train.keep_versions)
+        report = self.publisher.check_parity(version, c.updates)
+        self.log.scalars(report.metrics(), c.steps)
+        self.log.message(report.line())
         return version
 
-    def _export_to(self, policy_dir: Path, keep: int = 0) -> Path:
-        return export_policy(
-            self.network, policy_dir, algorithm=self.cfg.algo, obs_space=self.obs_space,
-            action_space=self.action_space, device=self.runtime.device, fusion=self.runtime.fusion,
-            config_hash=config_hash(self.cfg), keep=keep,
-            extra={"env_id": self.cfg.env.id, "steps": self.counters.steps, "updates": self.counters.updates,
-                   "parity": self.cfg.parity})
+    def _in_process(self, acting: Acting | None) -> Acting:
+        """The in-process actor: the exported graph, its weights following the learner (refreshed
+        before the first call after each update, and when the algorithm's acting key changes)."""
+        if acting is None:
+            acting = load_policy(self._acting_graph(), device=self.runtime.device, fusion=self.runtime.fusion)
+            c, key = self.counters, self.algo.acting_key
+            acting.updates = c.updates
+            acting.follow(self.network, lambda: (c.updates, *key()))
+        self.acting = acting
+        return acting
 
-    def check_parity(self, version_dir: Path) -> Any:
-        """Run the exported version and the live module on the same recent observations and
-        noise (rlstack/parity.py); log `parity/…` to TensorBoard and the console."""
-        policy = load_policy(version_dir, device=self.runtime.device, fusion=self.runtime.fusion)
-        rollout_batch = self.cfg.env.n_envs
-        minibatch = int(getattr(self.cfg.train, "batch_size", rollout_batch))
-        rows = parity_rows(rollout_batch, minibatch)
-        rng = np.random.default_rng([self.cfg.seed, self.counters.updates])  # not the training RNG
-        obs = sample_rows(self.recent_obs.get(), rows, policy.obs_shape, rng)
-        live = Acting.of_network(self.network, self.obs_space, self.action_space)
-        report = measure_parity(policy, live, obs, policy.noise(rows, rng),
-                                rollout_batch=rollout_batch, minibatch=minibatch)
-        self.parity.update(report.metrics())
-        self.parity["parity/version"] = report.version
-        log = getattr(self, "log", None)
-        if log is not None:
-            log.scalars(report.metrics(), self.counters.steps)
-            log.message(report.line())
-        return report
-
-    def _export_acting_graph(self) -> Path:
-        """The acting graph exported to a private directory (not a published version): what the
-        in-process actor and the actor processes load before the first version is published."""
+    def _acting_graph(self) -> Path:
         self._push_obs_stats()
-        self._acting_dir = Path(tempfile.mkdtemp(prefix="rlstack-acting-"))
-        return self._export_to(self._acting_dir)
+        return self.publisher.private_graph(self.counters.updates)
 
     # ----- the loop ----------------------------------------------------------------------------
 
@@ -240,15 +216,18 @@ class Trainer:
         start, start_steps = time.perf_counter(), self.counters.steps
         try:
             if self.cfg.actors:
-                pool, publish = self._start_actors()
+                pool, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
+                                             self.counters, self.obs_space, self.action_space)
+                self.log.message(f"actors: {self.cfg.actors} processes x {self.cfg.env.n_envs} envs, chunks of "
+                                 f"{self.algo.chunk_steps} steps")
                 with pool:
                     self._learn(pool, publish, total)
             else:
-                self._learn(self._local_source(acting), lambda: None, total)
+                self._learn(local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters,
+                                         self.rng), lambda: None, total)
         finally:
             self.envs.close()
-            if self._acting_dir is not None:
-                shutil.rmtree(self._acting_dir, ignore_errors=True)
+            self.publisher.close()
         elapsed = time.perf_counter() - start
         self.counters.wall_seconds += elapsed
         self.split.other = elapsed - self.split.env - self.split.act - self.split.learn
@@ -301,68 +280,6 @@ class Trainer:
         self.add_checkpoint_extra(POOL_STATE_FILE, hook)
         self.update_hooks.append(hook)
         return hook
-
-    def _local_source(self, acting: Acting | None) -> LocalSource:
-        """`actors: 0`: the collector in this process, acting with the exported graph whose
-        weights follow the learner (refreshed before the first call after each update, and when
-        the algorithm's acting key, e.g. DQN's epsilon, changes)."""
-        cfg, algo, c = self.cfg, self.algo, self.counters
-        if acting is None:
-            acting = load_policy(self._export_acting_graph(), device=self.runtime.device, fusion=self.runtime.fusion)
-            acting.updates = c.updates
-            acting.follow(self.network, lambda: (c.updates, *algo.acting_key()))
-        self.acting = acting
-        collector = Collector(self.envs, acting, cfg.seed + 1_000 * c.updates, off_policy=not algo.on_policy,
-                              rng=self.rng)
-        return LocalSource(collector, self._chunk_specs(), self._explore_schedule())
-
-    def _explore_schedule(self) -> Callable[[int], bool]:
-        """The in-process collector's per-step hook: uniform actions before `learning_starts`,
-        then the algorithm's exploration schedule (off-policy; on-policy noise explores)."""
-        algo, c, n_envs = self.algo, self.counters, self.cfg.env.n_envs
-        if algo.on_policy:
-            return lambda t: False
-        starts, total = self.cfg.train.learning_starts, self.cfg.train.total_steps
-
-        def explore(t: int) -> bool:
-            steps = c.steps + t * n_envs
-            if steps < starts:
-                return True
-            algo.explore(1.0 - steps / total)
-            return False
-
-        return explore
-
-    def _chunk_specs(self) -> tuple:
-        box = isinstance(self.action_space, gym.spaces.Box)
-        return trajectory_specs(self.algo.chunk_steps, self.cfg.env.n_envs, tuple(self.obs_space.shape),
-                                tuple(self.action_space.shape), "float32" if box else "int32",
-                                not self.algo.on_policy)
-
-    def _start_actors(self) -> tuple[Any, Callable[[], None]]:
-        """`actors: N`: N processes collect with the exported graph; this process only learns.
-
-        Each actor steps its own `env.n_envs` envs and sends chunks of `chunk_steps` vector steps,
-        every step tagged with the version of the weights that chose it; after every update the
-        learner publishes its weights to the actors (exports still happen every `export_every`)."""
-        cfg, algo = self.cfg, self.algo
-        bootstrap = self._export_acting_graph()
-        layout = load_policy(bootstrap).layout
-        spec = ActorSpec(env_id=cfg.env.id, n_envs=cfg.env.n_envs, steps=algo.chunk_steps,
-                         policy_dir=str(self.policy_dir), bootstrap=str(bootstrap),
-                         seed=cfg.seed + 1_000 * self.counters.updates, vector=cfg.env.vector,
-                         env_kwargs=dict(cfg.env.kwargs), device=cfg.device, fusion=cfg.fusion,
-                         off_policy=not algo.on_policy)
-        pool = registry.actor_backend("process")(spec, cfg.actors, layout, self._chunk_specs())
-        self.log.message(f"actors: {cfg.actors} processes x {cfg.env.n_envs} envs, chunks of {algo.chunk_steps} steps")
-
-        def publish() -> None:
-            explore = not algo.on_policy and self.counters.steps < cfg.train.learning_starts
-            pool.publish(weights_of(self.network, layout), self.counters.updates, explore)
-
-        publish()
-        pool.start()
-        return pool, publish
 
     def _learn(self, source: Any, publish: Callable[[], None], total: int) -> None:
         if self.algo.on_policy:
