@@ -239,9 +239,9 @@ _CHOICES = {
 }
 
 
-def _schema(algo: str) -> DictConfig:
+def _schema(algo: str, for_help: bool = False) -> DictConfig:
     try:
-        train_cls = registry.get(algo).config_cls
+        train_cls = registry.help_config(algo) if for_help else registry.get(algo).config_cls
     except KeyError as err:
         raise ConfigError(str(err.args[0])) from None
     base = OmegaConf.structured(Config)
@@ -380,8 +380,8 @@ def config_hash(cfg: Config) -> str:
 
 
 def describe(algo: str = "ppo") -> str:
-    """Every key with its default and docstring, for `--help`."""
-    schema = _schema(algo)
+    """Every key with its default and docstring, for `--help` (without loading MindSpore)."""
+    schema = _schema(algo, for_help=True)
     lines = []
     for key in _valid_keys(schema):
         node = OmegaConf.select(schema, key)
@@ -392,7 +392,7 @@ def describe(algo: str = "ppo") -> str:
 
 
 def _doc(algo: str, key: str) -> str:
-    classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": registry.get(algo).config_cls,
+    classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": registry.help_config(algo),
                "selfplay": SelfPlayConfig}
     section, _, name = key.rpartition(".")
     cls = classes.get(section)
@@ -409,7 +409,7 @@ def field_docs(cls: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            tree = ast.parse(inspect.getsource(klass))
+            tree = ast.parse(klass.__dict__.get(registry.SOURCE_ATTR) or inspect.getsource(klass))
         except (OSError, TypeError):
             continue
         body = tree.body[0].body  # type: ignore[attr-defined]

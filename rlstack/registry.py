@@ -81,6 +81,45 @@ def get(name: str) -> AlgorithmEntry:
     return _ALGORITHMS[name]
 
 
+SOURCE_ATTR = "__rlstack_source__"
+"""Where `help_config` keeps the source of a class it rebuilt (for its field docstrings)."""
+
+
+def help_config(name: str) -> type:
+    """The `train` dataclass of algorithm `name`, for help texts: the registered class, or for a
+    built-in algorithm not imported yet, the class rebuilt from its file's source (only the
+    dataclass definition runs), so `--help-keys` does not load MindSpore."""
+    if name in _ALGORITHMS:
+        return _ALGORITHMS[name].config_cls
+    import __future__
+
+    import ast
+    import importlib.util
+    from dataclasses import dataclass, field
+    from pathlib import Path
+
+    from rlstack import config
+
+    spec = importlib.util.find_spec("rlstack.algorithms")  # finds the folder without importing it
+    for path in sorted(Path(spec.origin).parent.glob("*.py")) if spec and spec.origin else []:
+        text = path.read_text()
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "register" and len(node.args) >= 2
+                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == name
+                    and isinstance(node.args[1], ast.Name)):
+                cls_name = node.args[1].id
+                cls_node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+                namespace = {**vars(config), "dataclass": dataclass, "field": field, "__name__": config.__name__}
+                code = compile(ast.Module([cls_node], []), str(path), "exec",
+                               flags=__future__.annotations.compiler_flag, dont_inherit=True)
+                exec(code, namespace)
+                cls = namespace[cls_name]
+                setattr(cls, SOURCE_ATTR, ast.get_source_segment(text, cls_node))
+                return cls
+    return get(name).config_cls  # not a built-in: load it (or raise the usual KeyError)
+
+
 def names() -> list[str]:
     _load_builtin()
     return sorted(_ALGORITHMS)

@@ -51,14 +51,18 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # options and overrides in any order
-    # Imported late: `--help` should not pay for loading MindSpore.
+    if args.help_keys:  # like --help, without loading MindSpore
+        try:
+            print(describe(args.help_keys))
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return 0
+    # Imported late: `--help` and `--help-keys` do not pay for loading MindSpore.
     from rlstack.runtime import DeviceError
     from rlstack.trainer import ResumeError, Trainer
 
     try:
-        if args.help_keys:
-            print(describe(args.help_keys))
-            return 0
         if args.resume:
             if args.config or args.out:
                 raise ConfigError("--resume takes its config and directory from the run; drop --config/--out")

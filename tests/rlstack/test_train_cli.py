@@ -49,6 +49,16 @@ def test_help_without_mindspore_and_options_in_any_order(tmp_path):
             "print('mindspore loaded' if 'mindspore' in sys.modules else 'mindspore not loaded')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "--help-keys" in proc.stdout and proc.stdout.strip().endswith("mindspore not loaded"), proc.stdout
+    # --help-keys too: every algorithm's keys with their docs, the same text as with the algorithm loaded.
+    code = ("import sys; from rlstack.config import describe\n"
+            "texts = [describe(a) for a in ('ppo', 'dqn', 'sac')]\n"
+            "assert 'mindspore' not in sys.modules, 'mindspore loaded'\n"
+            "import rlstack.algorithms\n"
+            "assert texts == [describe(a) for a in ('ppo', 'dqn', 'sac')], 'texts differ'\n"
+            "print(texts[1])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "train.target_update_interval = 10000  # Environment steps between" in proc.stdout, proc.stdout
     # An override before --config and one after it: both reach the config (the error names the second).
     proc = _train("seed=3", "--config", "configs/ppo_cartpole.yaml", "train.n_epoch=3", "--out", str(tmp_path / "x"),
                   cwd=ROOT)
