@@ -31,7 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.config import Config, ConfigError, OffPolicyConfig
-from rlstack.network import NetSpec, Network, PolicyKind, QKind
+from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
 from rlstack.registry import Progress
 from rlstack.replay import ReplayBuffer
@@ -161,12 +161,6 @@ class TargetUpdate(nn.Cell):
         return mix
 
 
-def copy_parameters(source: nn.Cell, destination: nn.Cell) -> None:
-    """destination <- source, parameter by parameter (same class, so the same order)."""
-    for src, dst in zip(source.get_parameters(), destination.get_parameters(), strict=True):
-        dst.set_data(Tensor(src.asnumpy()))
-
-
 class DQN:
     """Double DQN: a Q head (optionally dueling) on the shared network, plus a target copy."""
 
@@ -176,10 +170,7 @@ class DQN:
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"dqn needs a Discrete action space; {cfg.env.id} has {action_space}")
         self.cfg: DQNConfig = cfg.train
-        spec = NetSpec(hidden=tuple(cfg.net.hidden), activation=cfg.net.activation, policy=PolicyKind.NONE,
-                       value=False, q=QKind.DISCRETE, dueling=self.cfg.dueling,
-                       normalize_obs=cfg.net.normalize_obs, obs_clip=cfg.net.obs_clip,
-                       ortho_init=cfg.net.ortho_init)
+        spec = NetSpec.of(cfg.net, policy=PolicyKind.NONE, value=False, q=QKind.DISCRETE, dueling=self.cfg.dueling)
         self.network = Network(obs_space, action_space, spec)
         self.target = Network(obs_space, action_space, spec)
         copy_parameters(self.network, self.target)

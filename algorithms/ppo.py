@@ -220,11 +220,8 @@ class PPO:
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
         self.cfg: PPOConfig = cfg.train
         discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.network = Network(obs_space, action_space, NetSpec(
-            hidden=tuple(cfg.net.hidden), activation=cfg.net.activation,
-            policy=PolicyKind.CATEGORICAL if discrete else PolicyKind.GAUSSIAN, value=True,
-            normalize_obs=cfg.net.normalize_obs, obs_clip=cfg.net.obs_clip,
-            log_std_init=cfg.net.log_std_init, ortho_init=cfg.net.ortho_init,
+        self.network = Network(obs_space, action_space, NetSpec.of(
+            cfg.net, policy=PolicyKind.CATEGORICAL if discrete else PolicyKind.GAUSSIAN, value=True,
             batch_invariant=cfg.parity == "strict"))
         self.lr = parse_schedule(self.cfg.lr, "train.lr")
         self.clip_range = parse_schedule(self.cfg.clip_range, "train.clip_range")

@@ -30,7 +30,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.config import Config, ConfigError, OffPolicyConfig
-from rlstack.network import NetSpec, Network, PolicyKind, QKind
+from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.registry import Progress
 from rlstack.replay import ReplayBuffer
 from rlstack.schedules import parse_schedule
@@ -192,14 +192,11 @@ class SAC:
         if not isinstance(action_space, gym.spaces.Box):
             raise ConfigError(f"sac needs a Box action space; {cfg.env.id} has {action_space}")
         self.cfg: SACConfig = cfg.train
-        spec = NetSpec(hidden=tuple(cfg.net.hidden), activation=cfg.net.activation,
-                       policy=PolicyKind.SQUASHED_GAUSSIAN, value=False, q=QKind.CONTINUOUS,
-                       n_critics=self.cfg.n_critics, normalize_obs=cfg.net.normalize_obs,
-                       obs_clip=cfg.net.obs_clip, ortho_init=cfg.net.ortho_init, act_value=False)
+        spec = NetSpec.of(cfg.net, policy=PolicyKind.SQUASHED_GAUSSIAN, value=False, q=QKind.CONTINUOUS,
+                          n_critics=self.cfg.n_critics, act_value=False)
         self.network = Network(obs_space, action_space, spec)
         self.target = Network(obs_space, action_space, spec)
-        for src, dst in zip(self.network.get_parameters(), self.target.get_parameters(), strict=True):
-            dst.set_data(Tensor(src.asnumpy()))
+        copy_parameters(self.network, self.target)
         self.action_dim = self.network.action_dim
         self.target_entropy = (-float(self.action_dim) if self.cfg.target_entropy == "auto"
                                else float(self.cfg.target_entropy))

@@ -1,5 +1,5 @@
 """The lean graph call: a compiled graph without side effects run with the least per-call work;
-every exported-graph call goes through it (`rlstack.artifact.Policy.run`), and PPO's gradient graphs."""
+every exported-graph call goes through it (`rlstack.acting.Acting.run`), and PPO's gradient graphs."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import gymnasium as gym
 import mindspore as ms
@@ -85,12 +86,25 @@ class NetSpec:
     The manifest's `value` says which it is."""
 
 
+    @classmethod
+    def of(cls, net: Any, **heads: Any) -> NetSpec:
+        """The `net:` config section's settings (`rlstack.config.NetConfig`) plus an algorithm's heads."""
+        return cls(hidden=tuple(net.hidden), activation=net.activation, normalize_obs=net.normalize_obs,
+                   obs_clip=net.obs_clip, log_std_init=net.log_std_init, ortho_init=net.ortho_init, **heads)
+
+
+def copy_parameters(source: nn.Cell, destination: nn.Cell) -> None:
+    """Copy every parameter value of `source` into `destination` (same architecture): target networks."""
+    for src, dst in zip(source.get_parameters(), destination.get_parameters(), strict=True):
+        dst.set_data(Tensor(src.asnumpy()))
+
+
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU}
 
 
 BLOCK_ROWS = 16
 """`parity: strict` runs every graph call on a whole number of blocks of this many rows: the
-acting wrappers pad a batch with zero rows on the host (`rlstack.artifact.Policy.run`; the
+acting wrappers pad a batch with zero rows on the host (`rlstack.acting.Acting.run`; the
 manifest records `batch_rows`) and the learner's minibatches are multiples of it (checked in
 the config). Element-wise kernels (tanh, exp, log, softplus) round the last partial SIMD vector
 of a tensor differently from the full ones; a tensor of whole 16-row blocks never has one on

@@ -211,7 +211,7 @@ class ProfileWindow:
         elif self.seen >= self.skip:
             self._open()
 
-    def on_update(self, trainer: Any) -> None:
+    def on_update(self, counters: Any) -> None:
         """`Trainer.update_hooks` entry: one training update is one unit."""
         self.step()
 

@@ -32,7 +32,7 @@ def run_case(config: str | None, actors: int, parity: str, steps: int, warmup: i
     cpu: list[tuple[int, float]] = []
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(cfg, out)
-        trainer.update_hooks.append(lambda t: cpu.append((t.counters.steps, time.process_time())))
+        trainer.update_hooks.append(lambda c: cpu.append((c.steps, time.process_time())))
         summary = trainer.train()
     history = trainer.history
     first = min(warmup, len(history) - 2)
