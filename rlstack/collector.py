@@ -217,14 +217,20 @@ class LocalSource:
     """Chunks collected in the learner's own process (`actors: 0`), one `get()` at a time.
 
     `explore(t)` is the collector's per-step hook (see `Collector.collect`); the acting follows
-    the live network itself.
+    the live network itself. `remaining()` (vector steps left, optional) cuts the last chunk
+    short, so an off-policy run stops at `total_steps` as a per-step loop would.
     """
 
-    def __init__(self, collector: Collector, specs: tuple[ArraySpec, ...], explore: Callable[[int], bool]):
-        self.collector, self.explore = collector, explore
+    def __init__(self, collector: Collector, specs: tuple[ArraySpec, ...], explore: Callable[[int], bool],
+                 remaining: Callable[[], int] | None = None):
+        self.collector, self.explore, self.remaining = collector, explore, remaining
         self.arrays = allocate(specs)
+        self.steps = specs[0].shape[0]
 
     def get(self) -> Trajectory:
         """The next chunk (its arrays are reused by the next `get`: consume it first)."""
-        returns, lengths, env_s, act_s = self.collector.collect(self.arrays, self.explore)
-        return Trajectory.of(self.arrays, returns, lengths, -1, env_s, act_s)
+        steps = self.steps if self.remaining is None else min(self.steps, max(1, self.remaining()))
+        arrays = self.arrays if steps == self.steps else {
+            k: v if k in ("last_obs", "last_value") else v[:steps] for k, v in self.arrays.items()}
+        returns, lengths, env_s, act_s = self.collector.collect(arrays, self.explore)
+        return Trajectory.of(arrays, returns, lengths, -1, env_s, act_s)

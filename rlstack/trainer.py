@@ -368,7 +368,8 @@ class Trainer:
                            traj.truncated[t])
             c.steps += traj.reward.size
             remaining = max(0.0, 1.0 - c.steps / total)
-            if c.steps > tc.learning_starts and len(replay) >= min_replay:
+            whole = len(traj.version) == algo.chunk_steps  # the last in-process chunk may be cut short
+            if whole and c.steps > tc.learning_starts and len(replay) >= min_replay:
                 if self.obs_rms is not None:
                     algo.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
                 algo.explore(remaining)  # the next chunk's exploration
