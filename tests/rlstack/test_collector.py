@@ -1,6 +1,5 @@
 """The collector: one env loop for the in-process actor and the actor processes."""
 
-import gymnasium as gym
 import mindspore as ms
 import numpy as np
 
