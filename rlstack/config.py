@@ -107,7 +107,10 @@ class TrainConfig:
     log_every_seconds: float = 10.0
     """Seconds between plain log lines when stdout is not a terminal."""
     checkpoint_every: int = 0
-    """Write a checkpoint every this many updates (0: only at the end)."""
+    """Write a checkpoint every this many updates (0: only at the end and by `checkpoint_minutes`)."""
+    checkpoint_minutes: float = 10.0
+    """Also write one when this many minutes of wall-clock time passed since the last (0: off), so
+    a crash loses at most that much work."""
     keep_checkpoints: int = 3
     """How many checkpoints to keep on disk (older ones are removed)."""
     export_every: int = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 
@@ -77,10 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             window = ProfileWindow(trainer.out / "profile", steps=args.profile_steps, skip=args.profile_skip)
             trainer.update_hooks.append(window.on_update)
         try:
-            trainer.train()
+            summary = trainer.train()
         finally:
             if window is not None:
                 window.close()
+        if "stopped_by" in summary:  # SIGINT / SIGTERM: saved, then the conventional 128 + signal
+            return 128 + int(signal.Signals[summary["stopped_by"]])
     except (ConfigError, EnvError, DeviceError, ResumeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,8 @@ check, evaluations and `summary.json`) lives here once.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -113,6 +115,11 @@ class Trainer:
         """Keeps the best periodic evaluation (`train.eval_every`, `train.keep_best`), checkpointed."""
         self.add_checkpoint_extra(BEST_FILE, self.keeper)
         self._next_eval = cfg.train.eval_every
+        self._arm: Callable[[], None] = lambda: None
+        self.stop_signal: int | None = None
+        """The signal (SIGINT, SIGTERM) that asked this run to stop after the current update."""
+        self._wall_base, self._wall_start = 0.0, time.perf_counter()
+        self._last_checkpoint = time.perf_counter()
 
     # ----- checkpoints -------------------------------------------------------------------------
 
@@ -124,6 +131,8 @@ class Trainer:
         """Network, optimizer, normaliser, counters, RNG, best evaluation, extras and resolved
         config, written atomically."""
         c = self.counters
+        c.wall_seconds = self._wall_base + time.perf_counter() - self._wall_start  # true in every checkpoint
+        self._last_checkpoint = time.perf_counter()
         state = {"steps": c.steps, "updates": c.updates, "episodes": c.episodes, "wall_seconds": c.wall_seconds,
                  "recent_returns": list(c.recent_returns), "recent_lengths": list(c.recent_lengths),
                  "rng": self.rng.bit_generator.state, "obs_rms": self.obs_rms.state() if self.obs_rms else None,
@@ -214,6 +223,8 @@ class Trainer:
                              self.cfg.train.log_every_seconds)
         selfplay = self._attach_selfplay()
         start, start_steps = time.perf_counter(), self.counters.steps
+        self._wall_base, self._wall_start = self.counters.wall_seconds, start
+        restore = self._catch_stop_signals()
         try:
             if self.cfg.actors:
                 pool, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
@@ -226,12 +237,14 @@ class Trainer:
                 self._learn(local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters,
                                          self.rng), lambda: None, total)
         finally:
+            restore()
             self.envs.close()
             self.publisher.close()
         elapsed = time.perf_counter() - start
-        self.counters.wall_seconds += elapsed
         self.split.other = elapsed - self.split.env - self.split.act - self.split.learn
-        self.save_checkpoint()  # the last network: --resume continues the run itself
+        checkpoint = self.save_checkpoint()  # the last network: --resume continues the run itself
+        if self.stop_signal is not None:
+            return self._stopped(checkpoint)
         best = self.best if self.cfg.train.keep_best else None
         if best is not None:
             self.keeper.restore()
@@ -244,6 +257,49 @@ class Trainer:
             summary.update(selfplay.finish(self.counters, again=best is not None))
         self.log.close()
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
+        return summary
+
+    def _catch_stop_signals(self) -> Callable[[], None]:
+        """SIGINT/SIGTERM: finish the current update, then checkpoint, export and return (the CLI
+        exits 130/143); a second signal aborts at once. Only in the main thread (Python's rule)."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self.stop_signal is not None:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborted")
+            self.stop_signal = signum
+            self.log.message(f"{signal.Signals(signum).name}: stopping after the current update "
+                             "(a checkpoint and an export follow; send it again to abort at once)")
+
+        def restore() -> None:
+            self._arm = lambda: None
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        def arm() -> None:
+            for sig in previous:
+                signal.signal(sig, on_signal)
+
+        # MindSpore's runtime installs its own SIGINT handler when it first runs a graph (it turns
+        # Ctrl-C into SIGTERM): the handlers are set again after every update.
+        self._arm = arm
+        arm()
+        return restore
+
+    def _stopped(self, checkpoint: Path) -> dict[str, Any]:
+        """A run stopped by a signal: export the network, say what was saved and how to go on."""
+        version = self.export()
+        name = signal.Signals(self.stop_signal).name
+        summary = {"stopped_by": name, "total_steps": self.counters.steps, "updates": self.counters.updates,
+                   "wall_seconds": self.counters.wall_seconds, "checkpoint": str(checkpoint),
+                   "policy_version": version.name}
+        self.log.message(f"stopped by {name} at {self.counters.steps:,} steps: checkpoint {checkpoint}, "
+                         f"policy {version}\nresume with: python -m rlstack.train --resume {self.out}")
+        self.log.close()
         return summary
 
     def _summarize(self, version: Path, from_best: bool, elapsed: float, start_steps: int) -> dict[str, Any]:
@@ -320,6 +376,7 @@ class Trainer:
         """After an update: publish weights, log, hooks, periodic evaluation, export, checkpoint."""
         cfg, c = self.cfg, self.counters
         c.updates += 1
+        self._arm()
         publish()
         if metrics is not None:
             self._log_update(metrics)
@@ -328,12 +385,14 @@ class Trainer:
         self._periodic_eval()
         if cfg.train.export_every and c.updates % cfg.train.export_every == 0:
             self.export()
-        if cfg.train.checkpoint_every and c.updates % cfg.train.checkpoint_every == 0:
+        minutes = cfg.train.checkpoint_minutes
+        if (cfg.train.checkpoint_every and c.updates % cfg.train.checkpoint_every == 0) or (
+                minutes and time.perf_counter() - self._last_checkpoint >= 60 * minutes):
             self.save_checkpoint()
 
     def _learn_on_policy(self, source: Any, publish: Callable[[], None], total: int) -> None:
         algo, c = self.algo, self.counters
-        while c.steps < total:
+        while c.steps < total and self.stop_signal is None:
             traj = self._receive(source)
             c.steps += traj.reward.size
             self._push_obs_stats()
@@ -360,7 +419,7 @@ class Trainer:
         if self.obs_rms is not None:
             algo.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
         last_log, pending, stale = c.steps, [], {}
-        while c.steps < total:
+        while c.steps < total and self.stop_signal is None:
             traj = self._receive(source)
             stale = self._staleness(traj)
             for t in range(len(traj.version)):

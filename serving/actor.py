@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import queue
+import signal
 import time
 import traceback
 from typing import Any, NamedTuple
@@ -52,6 +53,8 @@ class _Failed(NamedTuple):
 def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lock: Any,
                 slot_names: list[str], slot_specs: tuple[ArraySpec, ...], free: Any, ready: Any, stop: Any) -> None:
     """Entry point of one actor process (spawned: MindSpore is set up afresh here)."""
+    # Ctrl-C reaches the whole process group: the learner finishes its update and stops the actors.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         from rlstack.envs import make_vector_env
         from rlstack.runtime import configure
