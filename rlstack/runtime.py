@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 from dataclasses import dataclass
 
 import mindspore as ms
@@ -62,4 +63,26 @@ def configure(device: str = "cpu", fusion: str = "auto") -> Runtime:
     ms.set_device(_DEVICE_TARGETS[device])
     if use_fusion:
         ms.set_context(enable_graph_kernel=True)
+    _quiet_known_deprecations()
     return Runtime(device=device, fusion=use_fusion)
+
+
+_HARMLESS = ("'FusedSparseAdam' is deprecated",)
+"""MindSpore warnings every run would print that say nothing about the user's run: `nn.Adam`
+builds a sparse variant (FusedSparseAdam) it never uses on dense gradients, and warns about it."""
+
+
+class _DropHarmless(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in _HARMLESS)
+
+
+def _quiet_known_deprecations() -> None:
+    """Drop `_HARMLESS` from MindSpore's logger; every other MindSpore warning still shows. The
+    logger is reached through an internal function: when it is missing, nothing is filtered."""
+    try:
+        logger = ms.log._get_logger()
+    except Exception:  # an internal API of MindSpore 2.10
+        return
+    if not any(isinstance(f, _DropHarmless) for f in logger.filters):
+        logger.addFilter(_DropHarmless())

@@ -30,3 +30,18 @@ def test_missing_accelerator_is_refused_with_reason(device):
 def test_unknown_device():
     with pytest.raises(DeviceError, match="valid: cpu, gpu, ascend"):
         configure("tpu")
+
+
+def test_a_run_does_not_print_the_harmless_adam_deprecation_but_other_warnings_still_show():
+    import subprocess
+    import sys
+
+    code = ("from rlstack.runtime import configure\n"
+            "configure()\n"
+            "import mindspore as ms\n"
+            "from mindspore import nn\n"
+            "nn.Adam(nn.Dense(2, 2).trainable_params())\n"
+            "ms.log.warning('another warning')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FusedSparseAdam" not in proc.stderr and "another warning" in proc.stderr, proc.stderr[-2000:]
