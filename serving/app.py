@@ -239,7 +239,13 @@ class TokenMiddleware:
 
 
 class BodyLimitMiddleware:
-    """413 for a body over `limit` bytes, decided before the app reads it."""
+    """413 for a body over `limit` bytes, decided before the app reads it.
+
+    The refused body is still read and discarded (up to `DRAIN_MAX_BYTES`) before the answer:
+    an ordinary client (Python's urllib) sends its whole body before it reads a response, and
+    sees a reset connection instead of the 413 if the server answers and closes first."""
+
+    DRAIN_MAX_BYTES = 64 * 2**20
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -251,7 +257,9 @@ class BodyLimitMiddleware:
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         expected = f"a body of at most {self.limit} bytes (--max-body-bytes)"
         if length is not None:  # the HTTP layer already checked it is a number that matches the body
-            if int(length) > self.limit:  # unread body: the connection cannot be reused
+            if int(length) > self.limit:
+                if int(length) <= self.DRAIN_MAX_BYTES:
+                    await _drain(receive)
                 return await _send_error(send, 413, f"body is {int(length)} bytes", expected,
                                          [(b"connection", b"close")])
             return await self.app(scope, receive, send)
@@ -265,6 +273,8 @@ class BodyLimitMiddleware:
             size += len(chunks[-1])
             more = message.get("more_body", False)
             if size > self.limit:
+                if more:
+                    await _drain(receive, self.DRAIN_MAX_BYTES - size)
                 return await _send_error(send, 413, f"body is over {self.limit} bytes", expected,
                                          [(b"connection", b"close")])
         replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
@@ -273,6 +283,17 @@ class BodyLimitMiddleware:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, receive_replayed, send)
+
+
+async def _drain(receive: Receive, budget: int = BodyLimitMiddleware.DRAIN_MAX_BYTES) -> None:
+    """Read and discard the rest of a request body (at most `budget` bytes)."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 # ----- error answers -------------------------------------------------------------------------

@@ -545,3 +545,18 @@ def test_profile_records_a_window_of_served_batches(trained_run: Path, tmp_path:
         assert "stopped serving v000001" in srv.log()
     finally:
         srv.stop()
+
+
+def test_a_plain_client_sending_a_body_over_the_limit_reads_the_413(server: ServerProcess,
+                                                                   client: httpx.Client) -> None:
+    """urllib sends the whole body before reading: the server reads (and drops) it, then answers."""
+    import urllib.error
+    import urllib.request
+
+    body = b'{"obs": [' + b"0.0, " * 600_000 + b"0.0]}"  # 3 MB, the limit is 64 KiB
+    request = urllib.request.Request(server.url + "/v1/act", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **AUTH})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == 413 and "bytes" in json.loads(caught.value.read())["error"]
+    assert client.post("/v1/act", content=GOOD, headers={"Content-Type": "application/json"}).status_code == 200
