@@ -11,8 +11,6 @@ check, evaluations and `summary.json`) lives here once.
 from __future__ import annotations
 
 import json
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,6 +39,7 @@ from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, ReplayBuffe
 from rlstack.runtime import configure
 from rlstack.selfplay_eval import POOL_STATE_FILE, SelfPlayHook, is_selfplay
 from rlstack.sources import local_source, start_actors
+from rlstack.stopping import StopSignals
 
 __all__ = ["Counters", "ResumeError", "TimeSplit", "Trainer"]
 
@@ -115,9 +114,8 @@ class Trainer:
         """Keeps the best periodic evaluation (`train.eval_every`, `train.keep_best`), checkpointed."""
         self.add_checkpoint_extra(BEST_FILE, self.keeper)
         self._next_eval = cfg.train.eval_every
-        self._arm: Callable[[], None] = lambda: None
-        self.stop_signal: int | None = None
-        """The signal (SIGINT, SIGTERM) that asked this run to stop after the current update."""
+        self.stop = StopSignals(lambda text: self.log.message(text))
+        """SIGINT / SIGTERM during `train()`: stop after the current update (rlstack/stopping.py)."""
         self._wall_base, self._wall_start = 0.0, time.perf_counter()
         self._last_checkpoint = time.perf_counter()
 
@@ -224,26 +222,16 @@ class Trainer:
         selfplay = self._attach_selfplay()
         start, start_steps = time.perf_counter(), self.counters.steps
         self._wall_base, self._wall_start = self.counters.wall_seconds, start
-        restore = self._catch_stop_signals()
         try:
-            if self.cfg.actors:
-                pool, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
-                                             self.counters, self.obs_space, self.action_space)
-                self.log.message(f"actors: {self.cfg.actors} processes x {self.cfg.env.n_envs} envs, chunks of "
-                                 f"{self.algo.chunk_steps} steps")
-                with pool:
-                    self._learn(pool, publish, total)
-            else:
-                self._learn(local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters,
-                                         self.rng), lambda: None, total)
+            with self.stop:
+                self._run(acting, total)
         finally:
-            restore()
             self.envs.close()
             self.publisher.close()
         elapsed = time.perf_counter() - start
         self.split.other = elapsed - self.split.env - self.split.act - self.split.learn
         checkpoint = self.save_checkpoint()  # the last network: --resume continues the run itself
-        if self.stop_signal is not None:
+        if self.stop.received is not None:
             return self._stopped(checkpoint)
         best = self.best if self.cfg.train.keep_best else None
         if best is not None:
@@ -259,41 +247,22 @@ class Trainer:
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2))
         return summary
 
-    def _catch_stop_signals(self) -> Callable[[], None]:
-        """SIGINT/SIGTERM: finish the current update, then checkpoint, export and return (the CLI
-        exits 130/143); a second signal aborts at once. Only in the main thread (Python's rule)."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def on_signal(signum: int, frame: Any) -> None:
-            if self.stop_signal is not None:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-                raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborted")
-            self.stop_signal = signum
-            self.log.message(f"{signal.Signals(signum).name}: stopping after the current update "
-                             "(a checkpoint and an export follow; send it again to abort at once)")
-
-        def restore() -> None:
-            self._arm = lambda: None
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        def arm() -> None:
-            for sig in previous:
-                signal.signal(sig, on_signal)
-
-        # MindSpore's runtime installs its own SIGINT handler when it first runs a graph (it turns
-        # Ctrl-C into SIGTERM): the handlers are set again after every update.
-        self._arm = arm
-        arm()
-        return restore
+    def _run(self, acting: Acting | None, total: int) -> None:
+        if self.cfg.actors:
+            pool, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
+                                         self.counters, self.obs_space, self.action_space)
+            self.log.message(f"actors: {self.cfg.actors} processes x {self.cfg.env.n_envs} envs, chunks of "
+                             f"{self.algo.chunk_steps} steps")
+            with pool:
+                self._learn(pool, publish, total)
+        else:
+            source = local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters, self.rng)
+            self._learn(source, lambda: None, total)
 
     def _stopped(self, checkpoint: Path) -> dict[str, Any]:
         """A run stopped by a signal: export the network, say what was saved and how to go on."""
         version = self.export()
-        name = signal.Signals(self.stop_signal).name
+        name = self.stop.name
         summary = {"stopped_by": name, "total_steps": self.counters.steps, "updates": self.counters.updates,
                    "wall_seconds": self.counters.wall_seconds, "checkpoint": str(checkpoint),
                    "policy_version": version.name}
@@ -376,7 +345,7 @@ class Trainer:
         """After an update: publish weights, log, hooks, periodic evaluation, export, checkpoint."""
         cfg, c = self.cfg, self.counters
         c.updates += 1
-        self._arm()
+        self.stop.arm()
         publish()
         if metrics is not None:
             self._log_update(metrics)
@@ -392,7 +361,7 @@ class Trainer:
 
     def _learn_on_policy(self, source: Any, publish: Callable[[], None], total: int) -> None:
         algo, c = self.algo, self.counters
-        while c.steps < total and self.stop_signal is None:
+        while c.steps < total and self.stop.received is None:
             traj = self._receive(source)
             c.steps += traj.reward.size
             self._push_obs_stats()
@@ -419,7 +388,7 @@ class Trainer:
         if self.obs_rms is not None:
             algo.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
         last_log, pending, stale = c.steps, [], {}
-        while c.steps < total and self.stop_signal is None:
+        while c.steps < total and self.stop.received is None:
             traj = self._receive(source)
             stale = self._staleness(traj)
             for t in range(len(traj.version)):
