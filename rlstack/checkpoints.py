@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,29 @@ from rlstack.fsutil import atomic_directory, atomic_write_text
 CHECKPOINT_FILE = "state.ckpt"
 STATE_FILE = "trainer.json"
 CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class Counters:
+    """The run's counters, true after any number of resumes: saved in every checkpoint."""
+
+    steps: int = 0
+    updates: int = 0
+    episodes: int = 0
+    wall_seconds: float = 0.0
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
+    recent_lengths: deque = field(default_factory=lambda: deque(maxlen=100))
+
+    def state(self) -> dict[str, Any]:
+        return {"steps": self.steps, "updates": self.updates, "episodes": self.episodes,
+                "wall_seconds": self.wall_seconds, "recent_returns": list(self.recent_returns),
+                "recent_lengths": list(self.recent_lengths)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.steps, self.updates, self.episodes = state["steps"], state["updates"], state["episodes"]
+        self.wall_seconds = state["wall_seconds"]
+        self.recent_returns.extend(state["recent_returns"])
+        self.recent_lengths.extend(state["recent_lengths"])
 
 
 class ResumeError(RuntimeError):

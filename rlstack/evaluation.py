@@ -82,3 +82,25 @@ class BestKeeper:
             meta = json.loads(bytes(data["__meta__"]).decode())
             params = {k: data[k] for k in data.files if k != "__meta__"}
         self.best = BestEval(float(meta["mean_return"]), int(meta["steps"]), params, tuple(meta["rank"]))
+
+
+class PeriodicEval:
+    """`train.eval_every`: a deterministic evaluation once the step counter passes the next
+    multiple; each is offered to the `BestKeeper` (`train.keep_best`)."""
+
+    def __init__(self, cfg: Config, network: Any, keeper: BestKeeper):
+        self.cfg, self.network, self.keeper = cfg, network, keeper
+        self.next_eval = cfg.train.eval_every
+
+    def due(self, steps: int) -> bool:
+        return bool(self.cfg.train.eval_every) and steps >= self.next_eval
+
+    def run(self, steps: int, log: Any) -> float:
+        every = self.cfg.train.eval_every
+        self.next_eval = (steps // every + 1) * every
+        returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 20_000)
+        mean = float(returns.mean())
+        log.scalars({"eval/mean_return": mean, "eval/std_return": float(returns.std())}, steps)
+        if self.keeper.consider(mean, (mean,), steps):
+            log.message(f"eval at {steps:,} steps: mean return {mean:.2f} (best so far)")
+        return mean

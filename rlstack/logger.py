@@ -5,10 +5,24 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
+
+
+@dataclass
+class TimeSplit:
+    """Wall-clock seconds by stage, for the benchmark and `time/…` scalars."""
+
+    env: float = 0.0
+    act: float = 0.0
+    learn: float = 0.0
+    other: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"env": self.env, "act": self.act, "learn": self.learn, "other": self.other}
 
 
 class RunLogger:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +22,13 @@ import yaml
 
 from rlstack import checkpoints, registry
 from rlstack.acting import Acting, load_policy
-from rlstack.checkpoints import ResumeError
+from rlstack.checkpoints import Counters, ResumeError
 from rlstack.collector import RunningMeanStd, Trajectory
 from rlstack.config import Config, ConfigError, load_config, to_dict, to_yaml
 from rlstack.envs import make_vector_env
-from rlstack.evaluation import BEST_FILE, BestEval, BestKeeper, evaluate
+from rlstack.evaluation import BEST_FILE, BestEval, BestKeeper, PeriodicEval, evaluate
 from rlstack.fsutil import atomic_write_text
-from rlstack.logger import RunLogger
+from rlstack.logger import RunLogger, TimeSplit
 from rlstack.network import Network
 from rlstack.parity import RecentObs
 from rlstack.publish import Publisher
@@ -45,31 +43,6 @@ __all__ = ["Counters", "ResumeError", "TimeSplit", "Trainer"]
 
 RECENT_OBS = 4096
 """Observations kept for the parity check after each export."""
-
-
-@dataclass
-class TimeSplit:
-    """Wall-clock seconds by stage, for the benchmark and `time/…` scalars."""
-
-    env: float = 0.0
-    act: float = 0.0
-    learn: float = 0.0
-    other: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {"env": self.env, "act": self.act, "learn": self.learn, "other": self.other}
-
-
-@dataclass
-class Counters:
-    """True after any number of resumes: saved in every checkpoint."""
-
-    steps: int = 0
-    updates: int = 0
-    episodes: int = 0
-    wall_seconds: float = 0.0
-    recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
-    recent_lengths: deque = field(default_factory=lambda: deque(maxlen=100))
 
 
 def default_out_dir(cfg: Config) -> Path:
@@ -94,6 +67,8 @@ class Trainer:
         if cfg.parity == "strict" and not self.network.spec.batch_invariant:
             raise ConfigError(f"parity: strict needs a batch-invariant network, but algorithm '{cfg.algo}' "
                               "builds its NetSpec without batch_invariant=True (use parity: fast)")
+        self.log: RunLogger | None = None
+        """TensorBoard and console output, opened by `train()`."""
         self.acting: Acting | None = None
         """The in-process actor (`actors: 0`): the exported graph following the learner's weights."""
         self.recent_obs = RecentObs(RECENT_OBS)
@@ -113,7 +88,7 @@ class Trainer:
         self.keeper = BestKeeper(self.network)
         """Keeps the best periodic evaluation (`train.eval_every`, `train.keep_best`), checkpointed."""
         self.add_checkpoint_extra(BEST_FILE, self.keeper)
-        self._next_eval = cfg.train.eval_every
+        self.evals = PeriodicEval(cfg, self.network, self.keeper)
         self.stop = StopSignals(lambda text: self.log.message(text))
         """SIGINT / SIGTERM during `train()`: stop after the current update (rlstack/stopping.py)."""
         self._wall_base, self._wall_start = 0.0, time.perf_counter()
@@ -131,22 +106,16 @@ class Trainer:
         c = self.counters
         c.wall_seconds = self._wall_base + time.perf_counter() - self._wall_start  # true in every checkpoint
         self._last_checkpoint = time.perf_counter()
-        state = {"steps": c.steps, "updates": c.updates, "episodes": c.episodes, "wall_seconds": c.wall_seconds,
-                 "recent_returns": list(c.recent_returns), "recent_lengths": list(c.recent_lengths),
-                 "rng": self.rng.bit_generator.state, "obs_rms": self.obs_rms.state() if self.obs_rms else None,
-                 "next_eval": self._next_eval}
+        state = {**c.state(), "rng": self.rng.bit_generator.state,
+                 "obs_rms": self.obs_rms.state() if self.obs_rms else None, "next_eval": self.evals.next_eval}
         return checkpoints.save(self.checkpoint_dir, c.steps, self.algo.state_cell(), state, to_yaml(self.cfg),
                                 self.checkpoint_extras, self.cfg.train.keep_checkpoints)
 
     def load_checkpoint(self, path: Path) -> None:
         state = checkpoints.load(path, self.algo.state_cell())
-        c = self.counters
-        c.steps, c.updates, c.episodes = state["steps"], state["updates"], state["episodes"]
-        c.wall_seconds = state["wall_seconds"]
-        c.recent_returns.extend(state["recent_returns"])
-        c.recent_lengths.extend(state["recent_lengths"])
+        self.counters.load(state)
         self.rng.bit_generator.state = state["rng"]
-        self._next_eval = state.get("next_eval", self._next_eval)
+        self.evals.next_eval = state.get("next_eval", self.evals.next_eval)
         if self.obs_rms is not None and state["obs_rms"] is not None:
             self.obs_rms.load(state["obs_rms"])
         self.resumed_from = path
@@ -185,8 +154,9 @@ class Trainer:
         c = self.counters
         version = self.publisher.export(self.policy_dir, c.steps, c.updates, keep=self.cfg.train.keep_versions)
         report = self.publisher.check_parity(version, c.updates)
-        self.log.scalars(report.metrics(), c.steps)
-        self.log.message(report.line())
+        if self.log is not None:  # (an export before `train()` is not logged)
+            self.log.scalars(report.metrics(), c.steps)
+            self.log.message(report.line())
         return version
 
     def _in_process(self, acting: Acting | None) -> Acting:
@@ -351,7 +321,9 @@ class Trainer:
             self._log_update(metrics)
         for hook in self.update_hooks:
             hook(c)
-        self._periodic_eval()
+        if self.evals.due(c.steps):
+            self._push_obs_stats()
+            self.evals.run(c.steps, self.log)
         if cfg.train.export_every and c.updates % cfg.train.export_every == 0:
             self.export()
         minutes = cfg.train.checkpoint_minutes
@@ -419,20 +391,6 @@ class Trainer:
         """Copy the running observation statistics into the network's in-graph normaliser."""
         if self.obs_rms is not None:
             self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
-
-    def _periodic_eval(self) -> None:
-        """`train.eval_every`: a deterministic evaluation once the step counter passes the next
-        multiple; the best one's parameters are kept for `train.keep_best`."""
-        every, steps = self.cfg.train.eval_every, self.counters.steps
-        if not every or steps < self._next_eval:
-            return
-        self._next_eval = (steps // every + 1) * every
-        self._push_obs_stats()
-        returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 20_000)
-        mean = float(returns.mean())
-        self.log.scalars({"eval/mean_return": mean, "eval/std_return": float(returns.std())}, steps)
-        if self.consider_best(mean, (mean,)):
-            self.log.message(f"eval at {steps:,} steps: mean return {mean:.2f} (best so far)")
 
     @property
     def best(self) -> BestEval | None:

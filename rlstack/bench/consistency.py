@@ -3,16 +3,23 @@
 Same config, same seed, the same learner (built fresh per path from the seed; the initial
 parameters are hashed to prove they are identical); only the rollout path differs:
 
-| path       | how the actor computes `act(obs, noise)`                                          |
-|------------|-----------------------------------------------------------------------------------|
-| `exported` | the consistent path, the project's own actor (`rlstack.serving.actor.GraphActing`): |
-|            | `nn.GraphCell` on the MindIR the trainer exported, Parameters refreshed from the    |
-|            | learner (`--full-reload`: publish and load a new version instead, new GraphCell)    |
-| `pynative` | a copy of the network run eagerly: PyNative mode around each acting call, the       |
-|            | update stays in graph mode (`set_context(mode=...)` is process-wide: switched per   |
-|            | call, which MindSpore allows without recompiling the update)                        |
-| `numpy`    | a separately maintained float32 numpy re-implementation of `Network.act`            |
-| `float16`  | a copy of the network with `to_float(ms.float16)` (float16 compute, graph mode)      |
+| path       | how the actor computes `act(obs, noise)`                                         |
+|------------|----------------------------------------------------------------------------------|
+| `exported` | the consistent path, the project's own acting module (`rlstack.acting.Acting`    |
+|            | from `load_policy`): `nn.GraphCell` on the MindIR the trainer exported,          |
+|            | Parameters refreshed from the learner (`Acting.sync_from`; `--full-reload`:      |
+|            | publish and load a new version instead, `Acting.swap` to its new GraphCell)      |
+| `pynative` | a copy of the network run eagerly: PyNative mode around each acting call, the    |
+|            | update stays in graph mode (`set_context(mode=...)` is process-wide: switched    |
+|            | per call, which MindSpore allows without recompiling the update)                 |
+| `numpy`    | a separately maintained float32 numpy re-implementation of `Network.act`         |
+| `float16`  | a copy of the network with `to_float(ms.float16)` (float16 compute, graph mode)  |
+
+Each path is an `ActingPath`: its own compute function behind a `Recorder` (latency and recent
+observations of the rollout's sampling calls), wrapped in an `rlstack.acting.Acting` that the
+trainer's in-process collector acts with (`Trainer.train(acting=...)`). An update hook refreshes
+the path from the learner; the parity probes compare it with the learner's own module
+(`Acting.of_network`).
 
 Every path gets the learner's weights after every `refresh_every` updates (default 1, as the
 trainer's own actor), so all act on weights of the same age and only the computation differs.
@@ -32,19 +39,24 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mindspore as ms
 import numpy as np
 
-from rlstack.trainer import Acting
+from rlstack import registry
+from rlstack.acting import Acting
+from rlstack.bench.paths import PATHS, ActingPath, PyNativePath, make_path
+from rlstack.config import ConfigError, config_path, load_config
+from rlstack.envs import make_vector_env
+from rlstack.fsutil import atomic_write_bytes, atomic_write_text
+from rlstack.trainer import Trainer
 
-PATHS = ("exported", "pynative", "numpy", "float16")
 CONSISTENT = "exported"
 METRICS: dict[str, str] = {
     "steps_per_second": "higher",
@@ -89,292 +101,6 @@ CASES = {
 }
 
 
-# ----- the acting paths --------------------------------------------------------------------------
-
-class _Recorder:
-    """Latency and recent observations of the rollout calls (batch == rollout batch) of a path."""
-
-    def __init__(self, batch: int, probe_rows: int):
-        self.batch = batch
-        self.latencies: list[float] = []
-        self.recent: deque[np.ndarray] = deque(maxlen=max(1, math.ceil(probe_rows / batch)))
-        self.on = True
-
-
-def make_path(name: str, trainer: Any, probe_rows: int = 128, full_reload: bool = False) -> Any:
-    """The acting path `name` for `trainer`: an `Acting` the trainer's loop calls as usual."""
-    classes = {"exported": ExportedPath, "pynative": PyNativePath, "numpy": NumpyPath, "float16": Float16Path}
-    if name not in classes:
-        raise ValueError(f"unknown acting path '{name}'; valid: {', '.join(PATHS)}")
-    if name == "exported":
-        return ExportedPath(trainer, probe_rows, full_reload)
-    return classes[name](trainer, probe_rows)
-
-
-class _PathMixin:
-    """Shared by all paths: timing of rollout calls, the observation sample for parity probes."""
-
-    name = ""
-    description = ""
-
-    def _setup(self, trainer: Any, probe_rows: int) -> None:
-        self.rec = _Recorder(trainer.cfg.env.n_envs, probe_rows)
-        self.refresh_seconds: list[float] = []
-        self.obs_shape = tuple(trainer.obs_space.shape)
-
-    def __call__(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        obs = np.asarray(obs, np.float32)
-        rollout = self.rec.on and len(obs) == self.rec.batch and noise.any()
-        start = time.perf_counter()
-        out = self.act(obs, noise)
-        if rollout:
-            # Only sampling calls at the rollout batch size count (not bootstrap or eval calls).
-            self.rec.latencies.append(time.perf_counter() - start)
-            self.rec.recent.append(obs)
-        return out
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        raise NotImplementedError
-
-    def refresh(self, trainer: Any) -> None:
-        start = time.perf_counter()
-        self._refresh(trainer)
-        self.refresh_seconds.append(time.perf_counter() - start)
-
-    def _refresh(self, trainer: Any) -> None:
-        raise NotImplementedError
-
-    def warm_up(self) -> None:
-        """One call at the rollout batch so compilation is not counted as acting latency."""
-        was, self.rec.on = self.rec.on, False
-        self.act(np.zeros((self.rec.batch, *self.obs_shape), np.float32),
-                 np.zeros((self.rec.batch, self.noise_dim), np.float32))
-        self.rec.on = was
-
-
-class ExportedPath(_PathMixin, Acting):
-    name = "exported"
-    description = ("consistent: the project's in-process actor (rlstack.serving.actor.GraphActing): "
-                   "nn.GraphCell on the MindIR the trainer exported, its Parameters refreshed from the learner "
-                   "after every refresh_every updates")
-
-    def __init__(self, trainer: Any, probe_rows: int, full_reload: bool = False):
-        super().__init__(trainer.network, trainer.action_space)
-        self._setup(trainer, probe_rows)
-        self.graph: Any = None
-        self.full_reload = full_reload
-        if full_reload:
-            self.description = ("consistent, publishing route: every refresh exports a new policy version "
-                                "(policy/vN + manifest), loads it with rlstack.load_policy and swaps it into the "
-                                "actor (a new GraphCell, compiled on its first call)")
-
-    def _refresh(self, trainer: Any) -> None:
-        from rlstack.artifact import load_policy
-        from rlstack.serving.actor import GraphActing
-
-        if self.graph is None or self.full_reload:
-            policy = load_policy(trainer.export(), obs_shape=tuple(trainer.obs_space.shape))
-            if self.graph is None:
-                self.graph = GraphActing(policy, version=trainer.counters.updates)
-            else:
-                self.graph.swap(policy)
-            self.warm_up()  # a new GraphCell compiles on its first call: part of a full reload's cost
-            return
-        if trainer.obs_rms is not None:
-            # The statistics the trainer sets on the learner before the next rollout.
-            trainer.network.set_obs_stats(trainer.obs_rms.mean, trainer.obs_rms.var)
-        self.graph.sync_from(trainer.network, trainer.counters.updates)
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.graph(obs, noise)
-
-
-def _network_copy(trainer: Any) -> Any:
-    """A second Network of the learner's architecture (its weights come from `_copy_weights`)."""
-    from rlstack.network import Network
-
-    return Network(trainer.obs_space, trainer.action_space, trainer.network.spec)
-
-
-def _copy_weights(trainer: Any, target: Any) -> None:
-    from mindspore import Tensor
-
-    source = dict(trainer.network.parameters_and_names())
-    for name, param in target.parameters_and_names():
-        param.set_data(Tensor(source[name].asnumpy()))
-    if trainer.obs_rms is not None:
-        # What the trainer will set on the learner before the next rollout.
-        target.set_obs_stats(trainer.obs_rms.mean, trainer.obs_rms.var)
-
-
-class PyNativePath(_PathMixin, Acting):
-    name = "pynative"
-    description = ("the network run in PyNative (eager) mode: the context is switched to PYNATIVE_MODE around "
-                   "each acting call and back to GRAPH_MODE for the update; a copy of the learner's Cell, "
-                   "weights copied after every refresh_every updates")
-
-    def __init__(self, trainer: Any, probe_rows: int):
-        # A copy rather than the learner's own Cell, so that every path acts on weights of the same
-        # age (SAC refreshes every 100 updates) and only the way of computing differs.
-        super().__init__(_network_copy(trainer), trainer.action_space)
-        self._setup(trainer, probe_rows)
-        self.modes_seen: set[int] = set()
-
-    def _refresh(self, trainer: Any) -> None:
-        _copy_weights(trainer, self.network)
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        import mindspore as ms
-        from mindspore import Tensor
-
-        previous = ms.get_context("mode")
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-        try:
-            self.modes_seen.add(ms.get_context("mode"))
-            action, logp, value = self.network(Tensor(obs), Tensor(noise))
-            return action.asnumpy(), logp.asnumpy(), value.asnumpy()
-        finally:
-            ms.set_context(mode=previous)
-
-
-class Float16Path(_PathMixin, Acting):
-    name = "float16"
-    description = ("a separate copy of the network with to_float(ms.float16) (float16 compute, graph mode), "
-                   "float32 weights copied from the learner after every refresh_every updates")
-
-    def __init__(self, trainer: Any, probe_rows: int):
-        import mindspore as ms
-
-        copy = _network_copy(trainer)
-        copy.to_float(ms.float16)
-        super().__init__(copy, trainer.action_space)
-        self._setup(trainer, probe_rows)
-
-    def _refresh(self, trainer: Any) -> None:
-        _copy_weights(trainer, self.network)
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from mindspore import Tensor
-
-        action, logp, value = self.network(Tensor(obs), Tensor(noise))
-        action = action.asnumpy()
-        if action.dtype == np.float16:
-            action = action.astype(np.float32)
-        return action, logp.asnumpy().astype(np.float32), value.asnumpy().astype(np.float32)
-
-
-class NumpyPath(_PathMixin, Acting):
-    name = "numpy"
-    description = ("a separately maintained float32 numpy implementation of Network.act "
-                   "(no MindSpore call), weights copied from the learner after every refresh_every updates")
-
-    def __init__(self, trainer: Any, probe_rows: int):
-        super().__init__(trainer.network, trainer.action_space)
-        self._setup(trainer, probe_rows)
-        self.forward = NumpyNetwork.like(trainer.network)
-
-    def _refresh(self, trainer: Any) -> None:
-        self.forward.load(trainer.network, trainer.obs_rms)
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.forward.act(obs, noise)
-
-
-_ACTIVATIONS = {
-    "tanh": np.tanh,
-    "relu": lambda x: np.maximum(x, 0.0),
-    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
-    # nn.GELU() defaults to the tanh approximation.
-    "gelu": lambda x: 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + np.float32(0.044715) * x ** 3))),
-}
-_HALF_LOG_2PI = np.float32(0.5 * math.log(2.0 * math.pi))
-
-
-@dataclass
-class NumpyNetwork:
-    """`Network.act` written again in numpy float32: a genuinely separate code path."""
-
-    kind: str
-    activation: str
-    action_dim: int
-    normalize_obs: bool
-    obs_clip: float
-    mask_start: int
-    masked: bool
-    has_value: bool
-    n_critics: int
-    action_mid: np.ndarray | None
-    action_half: np.ndarray | None
-    params: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @classmethod
-    def like(cls, net: Any) -> NumpyNetwork:
-        if net.kind not in ("categorical", "gaussian", "squashed_gaussian"):
-            raise ValueError(f"the numpy acting path covers policy heads categorical, gaussian and "
-                             f"squashed_gaussian; this network's head is '{net.kind}'")
-        box = not net.discrete
-        return cls(kind=net.kind, activation=net.spec.activation, action_dim=net.action_dim,
-                   normalize_obs=bool(net.spec.normalize_obs), obs_clip=float(net.spec.obs_clip),
-                   mask_start=int(getattr(net, "mask_start", net.obs_dim)), masked=bool(getattr(net, "masked", False)),
-                   has_value=bool(net.has_value), n_critics=int(net.spec.n_critics) if net.qkind == "continuous" else 0,
-                   action_mid=net.action_mid.asnumpy() if box else None,
-                   action_half=net.action_half.asnumpy() if box else None)
-
-    def load(self, net: Any, obs_rms: Any = None) -> None:
-        """Copy every parameter out of the live network (and the obs statistics the trainer will set)."""
-        self.params = {name: p.asnumpy().astype(np.float32, copy=True) for name, p in net.parameters_and_names()}
-        if obs_rms is not None:
-            self.params["normalizer.mean"] = np.asarray(obs_rms.mean, np.float32)
-            self.params["normalizer.var"] = np.asarray(obs_rms.var, np.float32)
-
-    def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
-        layer = 0
-        while f"{prefix}.{layer}.weight" in self.params:
-            x = x @ self.params[f"{prefix}.{layer}.weight"].T + self.params[f"{prefix}.{layer}.bias"]
-            layer += 2  # Dense at even indices, the activation between them
-            if f"{prefix}.{layer}.weight" in self.params:
-                x = _ACTIVATIONS[self.activation](x).astype(np.float32)
-        return x
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        flat = obs.reshape(len(obs), -1).astype(np.float32)
-        x = flat
-        if self.normalize_obs:
-            x = np.clip((flat - self.params["normalizer.mean"]) / np.sqrt(self.params["normalizer.var"] + 1e-8),
-                        -self.obs_clip, self.obs_clip).astype(np.float32)
-        if self.kind == "categorical":
-            logits = self._mlp("pi", x)
-            if self.masked:
-                logits = logits + (flat[:, self.mask_start:] - 1.0) * np.float32(1e9)
-            shifted = logits - logits.max(-1, keepdims=True)
-            logp_all = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-            action = np.argmax(logits + noise, -1).astype(np.int32)
-            logp = np.take_along_axis(logp_all, action[:, None], 1)[:, 0]
-            return action, logp.astype(np.float32), self._value(x, action)
-        elif self.kind == "gaussian":
-            log_std = self.params["log_std"]
-            action = self._mlp("pi", x) + np.exp(log_std) * noise
-            logp = (-0.5 * noise * noise - log_std - _HALF_LOG_2PI).sum(-1)
-        else:
-            out = self._mlp("pi", x)
-            mean, log_std = out[:, : self.action_dim], np.clip(out[:, self.action_dim:], -20.0, 2.0)
-            u = mean + np.exp(log_std) * noise
-            logp = (-0.5 * noise * noise - log_std - _HALF_LOG_2PI).sum(-1)
-            softplus = np.logaddexp(np.float32(0.0), -2.0 * u)
-            logp = logp - (2.0 * (np.float32(math.log(2.0)) - u - softplus)).sum(-1)
-            action = np.tanh(u) * self.action_half + self.action_mid
-        action = action.astype(np.float32)
-        return action, logp.astype(np.float32), self._value(x, action)
-
-    def _value(self, x: np.ndarray, action: np.ndarray) -> np.ndarray:
-        if self.has_value:
-            return self._mlp("vf", x)[:, 0].astype(np.float32)
-        if self.n_critics:
-            xa = np.concatenate([x, (action - self.action_mid) / self.action_half], -1).astype(np.float32)
-            return np.min([self._mlp(f"critics.{i}", xa)[:, 0] for i in range(self.n_critics)], 0).astype(np.float32)
-        return np.zeros(len(x), np.float32)
-
-
 # ----- parity --------------------------------------------------------------------------------------
 
 @dataclass
@@ -409,21 +135,18 @@ class Parity:
                 "max_abs_daction": self.max_abs_daction, "seconds": self.seconds}
 
 
-def probe_parity(path: Any, learner: Any, parity: Parity, rng: np.random.Generator) -> None:
+def probe_parity(path: ActingPath, learner: Acting, parity: Parity, rng: np.random.Generator) -> None:
     """Run the path and the learner's graph on the path's recent rollout observations with the same
     noise, one call per rollout-sized batch (outputs are not batch-invariant), and accumulate."""
     if not path.rec.recent:
         return
     start = time.perf_counter()
-    was, path.rec.on = path.rec.on, False
-    try:
+    with path.rec.paused():
         for obs in path.rec.recent:
             noise = learner.noise(len(obs), rng)
-            parity.add(path(obs, noise), learner(obs, noise))
-        parity.probes += 1
-    finally:
-        path.rec.on = was
-        parity.seconds += time.perf_counter() - start
+            parity.add(path.acting(obs, noise), learner(obs, noise))
+    parity.probes += 1
+    parity.seconds += time.perf_counter() - start
 
 
 # ----- one path, one case ----------------------------------------------------------------------------
@@ -436,24 +159,16 @@ def params_sha256(network: Any) -> str:
     return digest.hexdigest()
 
 
-def evaluate_path(path: Any, cfg: Any, episodes: int, seed: int) -> np.ndarray:
+def evaluate_path(path: ActingPath, cfg: Any, episodes: int, seed: int) -> np.ndarray:
     """Deterministic returns of the path itself (what this acting path would deploy)."""
-    from rlstack.envs import make_vector_env
-
-    envs = make_vector_env(cfg.env.id, episodes, "sync", cfg.env.kwargs)
-    obs, _ = envs.reset(seed=seed)
-    returns, running = np.zeros(episodes), np.ones(episodes, bool)
-    zeros = path.noise(episodes, None)
-    was, path.rec.on = path.rec.on, False
-    try:
+    acting, returns, running = path.acting, np.zeros(episodes), np.ones(episodes, bool)
+    zeros = acting.noise(episodes, None)
+    with closing(make_vector_env(cfg.env.id, episodes, "sync", cfg.env.kwargs)) as envs, path.rec.paused():
+        obs, _ = envs.reset(seed=seed)
         while running.any():
-            action, _, _ = path(obs, zeros)
-            obs, reward, terminated, truncated, _ = envs.step(path.to_env(action))
+            obs, reward, terminated, truncated, _ = envs.step(acting.to_env(acting(obs, zeros).action))
             returns += reward * running
             running &= ~(terminated | truncated)
-    finally:
-        path.rec.on = was
-        envs.close()
     return returns
 
 
@@ -471,45 +186,33 @@ class Options:
 
 def run_path(case: Case, name: str, out: Path, opts: Options) -> dict[str, Any]:
     """Train `case` once with acting path `name`; returns the path's metrics."""
-    from rlstack.config import load_config
-    from rlstack.trainer import Trainer
-
     overrides = [*_COMMON, *(case.quick if opts.quick else case.full), f"seed={opts.seed}"]
     if opts.steps is not None:
         overrides.append(f"train.total_steps={opts.steps}")
     cfg = load_config(case.config, overrides)
     trainer = Trainer(cfg, out / name)
     initial = params_sha256(trainer.network)
-    learner = trainer.live_acting  # the learner's own module in graph mode, for the parity probes
+    # The learner's own module in graph mode (Cell.__call__), for the parity probes.
+    learner = Acting.of_network(trainer.network, trainer.obs_space, trainer.action_space)
     path = make_path(name, trainer, min(opts.parity_rows, 32) if opts.quick else opts.parity_rows,
                      opts.full_reload)
-    path.refresh(trainer)
-    path.refresh_seconds.clear()  # the initial load is setup, not a per-update cost
-    if name != "exported":
-        path.warm_up()
-    trainer.acting = path
     refresh_every = opts.refresh_every or case.refresh_every
     parity_every = 1 if opts.quick else (opts.parity_every or case.parity_every)
     parity, rng = Parity(), np.random.default_rng(10_000 + opts.seed)
-    state = {"refreshes": 0, "stale": False}
 
-    def hook(t: Any) -> None:
-        if t.counters.updates % refresh_every:
-            state["stale"] = True
-            return
-        path.refresh(t)
-        state["refreshes"] += 1
-        state["stale"] = False
-        if state["refreshes"] % parity_every == 0:
-            probe_parity(path, learner, parity, rng)
+    def hook(counters: Any) -> None:
+        if counters.updates % refresh_every == 0:
+            path.refresh(trainer)
+            if len(path.refresh_seconds) % parity_every == 0:
+                probe_parity(path, learner, parity, rng)
 
     trainer.update_hooks.append(hook)
-    summary = trainer.train()
+    summary = trainer.train(acting=path.acting)
     # The parity probes inside the loop's hooks are measurement, not training: their time is
     # taken out of the loop's wall-clock time below.
     probe_seconds_in_loop = parity.seconds
-    if state["stale"]:
-        path._refresh(trainer)  # the final weights, for the last probe and the evaluation (not timed)
+    if trainer.counters.updates % refresh_every:  # the last updates were not refreshed yet
+        path.refresh(trainer, timed=False)  # the final weights, for the last probe and the evaluation
     probe_parity(path, learner, parity, rng)
     returns = evaluate_path(path, cfg, cfg.env.eval_episodes, cfg.seed + 10_000)
     lat = np.asarray(path.rec.latencies) * 1e3
@@ -535,7 +238,7 @@ def run_path(case: Case, name: str, out: Path, opts: Options) -> dict[str, Any]:
         "parity_max_abs_dlogp": parity.max_abs_dlogp,
         "parity_action_mismatch": parity.mismatched_actions / max(parity.rows, 1),
         # Continuous actions: how far apart, since float actions rarely agree to the last bit.
-        "parity_max_abs_daction": parity.max_abs_daction if path.box else None,
+        "parity_max_abs_daction": parity.max_abs_daction if path.acting.box else None,
         "eval_returns": returns.tolist(),
         "eval_return_mean": float(returns.mean()),
         "eval_return_std": float(returns.std()),
@@ -546,8 +249,6 @@ def run_path(case: Case, name: str, out: Path, opts: Options) -> dict[str, Any]:
         "time_split_seconds": {**split, "refresh": float(np.sum(path.refresh_seconds)), "parity": parity.seconds},
     }
     if isinstance(path, PyNativePath):
-        import mindspore as ms
-
         result["modes_seen_while_acting"] = sorted("PYNATIVE_MODE" if m == ms.PYNATIVE_MODE else "GRAPH_MODE"
                                                    for m in path.modes_seen)
     return result
@@ -555,17 +256,12 @@ def run_path(case: Case, name: str, out: Path, opts: Options) -> dict[str, Any]:
 
 def gains(paths: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """(consistent − baseline) / |baseline| × 100 for every metric and baseline (None: baseline is 0)."""
+    def gain(c: float | None, b: float | None) -> float | None:
+        return None if c is None or b is None or b == 0 else (c - b) / abs(b) * 100.0
+
     base = paths[CONSISTENT]
-    table: dict[str, dict[str, float | None]] = {}
-    for name, other in paths.items():
-        if name == CONSISTENT:
-            continue
-        row: dict[str, float | None] = {}
-        for metric in METRICS:
-            c, b = base.get(metric), other.get(metric)
-            row[metric] = None if c is None or b is None or b == 0 else (c - b) / abs(b) * 100.0
-        table[name] = row
-    return table
+    return {name: {m: gain(base.get(m), other.get(m)) for m in METRICS}
+            for name, other in paths.items() if name != CONSISTENT}
 
 
 def run_case(case: Case, paths: list[str], out: Path, opts: Options, log=print) -> dict[str, Any]:
@@ -576,8 +272,6 @@ def run_case(case: Case, paths: list[str], out: Path, opts: Options, log=print) 
         results[name] = run_path(case, name, out / case.key, opts)
         log(f"[{case.key}] path {name} done in {time.perf_counter() - start:.1f} s")
         # Kept as each path finishes: a long run that fails later keeps what it measured.
-        from rlstack.fsutil import atomic_write_text
-
         atomic_write_text(out / case.key / "partial.json", json.dumps(results, indent=2))
     hashes = {r["initial_params_sha256"] for r in results.values()}
     first = next(iter(results.values()))
@@ -635,8 +329,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rlstack.fsutil import atomic_write_bytes
-
     cases = list(report["cases"].values())
     metrics = [c for c in _COLUMNS if c[0] != "parity_max_abs_daction"]
     # Throughput, latency and |dlogp| span orders of magnitude between paths: log axes.
@@ -674,9 +366,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def _available(key: str) -> str | None:
     """None when the case's algorithm is registered and its config exists, else the reason."""
-    from rlstack import registry
-    from rlstack.config import ConfigError, config_path
-
     case = CASES[key]
     if key not in registry.names():
         return f"algorithm '{key}' is not registered"
@@ -729,8 +418,6 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"bench_consistency_{time.strftime('%Y%m%d-%H%M%S')}"
     opts = Options(quick=args.quick, steps=args.steps, seed=args.seed, refresh_every=args.refresh_every,
                    parity_every=args.parity_every, parity_rows=args.parity_rows, full_reload=args.full_reload)
-    import mindspore as ms
-
     report: dict[str, Any] = {
         "benchmark": "consistency", "quick": args.quick, "consistent_path": CONSISTENT, "metrics": METRICS,
         "gain_formula": "(consistent - baseline) / |baseline| * 100",
@@ -748,8 +435,6 @@ def main(argv: list[str]) -> int:
         report["cases"][key] = run_case(CASES[key], paths, out, opts, log=lambda m: print(m, flush=True))
     report["machine"]["load_average_end"] = list(os.getloadavg())
     report["seconds"] = time.perf_counter() - start
-    from rlstack.fsutil import atomic_write_text
-
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "consistency.json", json.dumps(report, indent=2))
     if report["cases"]:
