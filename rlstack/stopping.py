@@ -15,8 +15,9 @@ class StopSignals:
     (and `notify` is told); a second one restores the previous handlers and aborts at once with
     KeyboardInterrupt. Only in the main thread (Python's rule); elsewhere it does nothing.
 
-    MindSpore's runtime installs its own SIGINT handler when it first runs a graph (it turns
-    Ctrl-C into SIGTERM), so the learner calls `arm()` again after every update.
+    MindSpore's runtime installs its own SIGINT handler when it runs a graph and turns a Ctrl-C
+    that arrives meanwhile into SIGTERM, so the learner calls `arm()` again after every update
+    and a Ctrl-C may be reported (and exit) as SIGTERM; the stop is graceful either way.
     """
 
     def __init__(self, notify: Callable[[str], None]):

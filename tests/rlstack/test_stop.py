@@ -30,15 +30,19 @@ def _wait_for_steps(proc: subprocess.Popen, steps: int, timeout: float = 240.0) 
     raise AssertionError("no progress: " + "".join(lines[-30:]))
 
 
-@pytest.mark.parametrize(("sig", "code", "extra"), [(signal.SIGINT, 130, ()), (signal.SIGTERM, 143, ("actors=2",))])
-def test_a_signal_stops_the_run_with_a_checkpoint_an_export_and_a_resume_command(tmp_path, sig, code, extra):
+@pytest.mark.parametrize(("sig", "codes", "extra"), [(signal.SIGINT, (130, 143), ()),
+                                                    (signal.SIGTERM, (143,), ("actors=2",))])
+def test_a_signal_stops_the_run_with_a_checkpoint_an_export_and_a_resume_command(tmp_path, sig, codes, extra):
+    """SIGINT exits 130, or 143 when it arrives while MindSpore runs a graph: MindSpore's runtime
+    turns it into SIGTERM then (rlstack/stopping.py). Either way the stop is graceful."""
     out = tmp_path / "run"
     proc = _start(out, *extra)
     _wait_for_steps(proc, 2048)
     started = time.monotonic()
     proc.send_signal(sig)
     rest, _ = proc.communicate(timeout=120)
-    assert proc.returncode == code, rest[-3000:]
+    assert proc.returncode in codes, rest[-3000:]
+    assert "stopping after the current update" in rest and "stopped by SIG" in rest, rest[-3000:]
     assert time.monotonic() - started < 60, "the stop took more than a minute"
     assert f"resume with: python -m rlstack.train --resume {out}" in rest, rest[-3000:]
     latest = out / "checkpoints" / (out / "checkpoints" / "LATEST").read_text().strip()
