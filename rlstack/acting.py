@@ -51,9 +51,9 @@ class Acting:
 
     `cell` is a loaded `nn.GraphCell` (`load_policy`), the live `Network` (`of_network`), or any
     function of (obs, noise) Tensors returning (action, logp, value) (benchmarks compare other
-    ways of computing the same graph); `manifest` describes its interface (spaces, noise, `batch_rows`) as an artifact manifest
-    does. `updates` is the learner-update count of the weights it runs (tagged on every
-    transition an actor collects).
+    ways of computing the same graph); `manifest` describes its interface (spaces, noise,
+    `batch_rows`) as an artifact manifest does. `updates` is the learner-update count of the
+    weights it runs (tagged on every transition an actor collects).
     """
 
     def __init__(self, cell: Any, manifest: dict[str, Any], path: Path | None = None, *,
@@ -79,8 +79,10 @@ class Acting:
         if self.box:
             self.low = np.asarray(space["low"], np.float32).reshape(space["shape"])
             self.high = np.asarray(space["high"], np.float32).reshape(space["shape"])
+        # The learner's update count recorded at export, else the version number (artifacts made
+        # elsewhere), else 0 (a live network).
         updates = manifest.get("updates")
-        self.updates = int(updates) if updates is not None else int(manifest.get("version", "v0")[1:] or 0)
+        self.updates = int(updates) if updates is not None else int(manifest.get("version", "v0")[1:])
         # A Cell's parameters (weights can be loaded); a plain function has none.
         self._params = dict(cell.parameters_and_names()) if hasattr(cell, "parameters_and_names") else {}
 
