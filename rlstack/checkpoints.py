@@ -93,3 +93,41 @@ def load(path: Path, cell: Any) -> dict[str, Any]:
                               f"this config builds {tuple(p.shape)}")
     ms.load_param_into_net(cell, params, strict_load=True)
     return json.loads((path / STATE_FILE).read_text())
+
+
+class Checkpointer:
+    """One run's checkpoints under `directory`: the algorithm's state Cell, the counters, the
+    training RNG, the observation statistics and the extras (anything with `save(path)` and
+    `load(path)`, one file each: the replay buffer, the self-play pool, the best evaluation)."""
+
+    def __init__(self, directory: Path, cell: Any, counters: Counters, rng: Any, obs_rms: Any, config_yaml: str,
+                 keep: int):
+        self.directory, self.cell, self.counters, self.rng, self.obs_rms = directory, cell, counters, rng, obs_rms
+        self.config_yaml, self.keep = config_yaml, keep
+        self.extras: dict[str, Any] = {}
+        self.resumed_from: Path | None = None
+
+    def add_extra(self, filename: str, extra: Any) -> None:
+        """Save `extra` as `<checkpoint>/<filename>` from now on; if the run resumed from a
+        checkpoint holding that file, load it now."""
+        self.extras[filename] = extra
+        if self.resumed_from is not None and (self.resumed_from / filename).is_file():
+            extra.load(self.resumed_from / filename)
+
+    def save(self, **more: Any) -> Path:
+        state = {**self.counters.state(), "rng": self.rng.bit_generator.state,
+                 "obs_rms": self.obs_rms.state() if self.obs_rms is not None else None, **more}
+        return save(self.directory, self.counters.steps, self.cell, state, self.config_yaml, self.extras, self.keep)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """Restore everything saved at `path`; returns the saved state (for the caller's own keys)."""
+        state = load(path, self.cell)
+        self.counters.load(state)
+        self.rng.bit_generator.state = state["rng"]
+        if self.obs_rms is not None and state["obs_rms"] is not None:
+            self.obs_rms.load(state["obs_rms"])
+        self.resumed_from = path
+        for filename, extra in self.extras.items():
+            if (path / filename).is_file():
+                extra.load(path / filename)
+        return state

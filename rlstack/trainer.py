@@ -83,11 +83,11 @@ class Trainer:
         """(steps, recent mean episode return, seconds since start) after every update."""
         self.update_hooks: list[Callable[[Counters], None]] = []
         """Called with the counters after every learner update (profiling windows, benchmarks)."""
-        self.checkpoint_extras: dict[str, Any] = {}
-        self.resumed_from: Path | None = None
+        self.ckpt = checkpoints.Checkpointer(self.out / "checkpoints", self.algo.state_cell(), self.counters,
+                                             self.rng, self.obs_rms, to_yaml(cfg), cfg.train.keep_checkpoints)
         self.keeper = BestKeeper(self.network)
         """Keeps the best periodic evaluation (`train.eval_every`, `train.keep_best`), checkpointed."""
-        self.add_checkpoint_extra(BEST_FILE, self.keeper)
+        self.ckpt.add_extra(BEST_FILE, self.keeper)
         self.evals = PeriodicEval(cfg, self.network, self.keeper)
         self.stop = StopSignals(lambda text: self.log.message(text))
         """SIGINT / SIGTERM during `train()`: stop after the current update (rlstack/stopping.py)."""
@@ -96,40 +96,15 @@ class Trainer:
 
     # ----- checkpoints -------------------------------------------------------------------------
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.out / "checkpoints"
-
     def save_checkpoint(self) -> Path:
-        """Network, optimizer, normaliser, counters, RNG, best evaluation, extras and resolved
-        config, written atomically."""
-        c = self.counters
-        c.wall_seconds = self._wall_base + time.perf_counter() - self._wall_start  # true in every checkpoint
+        """Network, optimizer, normaliser, counters, RNG, extras and resolved config, atomically."""
+        self.counters.wall_seconds = self._wall_base + time.perf_counter() - self._wall_start  # true in each
         self._last_checkpoint = time.perf_counter()
-        state = {**c.state(), "rng": self.rng.bit_generator.state,
-                 "obs_rms": self.obs_rms.state() if self.obs_rms else None, "next_eval": self.evals.next_eval}
-        return checkpoints.save(self.checkpoint_dir, c.steps, self.algo.state_cell(), state, to_yaml(self.cfg),
-                                self.checkpoint_extras, self.cfg.train.keep_checkpoints)
+        return self.ckpt.save(next_eval=self.evals.next_eval)
 
     def load_checkpoint(self, path: Path) -> None:
-        state = checkpoints.load(path, self.algo.state_cell())
-        self.counters.load(state)
-        self.rng.bit_generator.state = state["rng"]
+        state = self.ckpt.load(path)
         self.evals.next_eval = state.get("next_eval", self.evals.next_eval)
-        if self.obs_rms is not None and state["obs_rms"] is not None:
-            self.obs_rms.load(state["obs_rms"])
-        self.resumed_from = path
-        for filename, extra in self.checkpoint_extras.items():
-            if (path / filename).is_file():
-                extra.load(path / filename)
-
-    def add_checkpoint_extra(self, filename: str, extra: Any) -> None:
-        """Save `extra` (anything with `save(path)` and `load(path)`) as `<checkpoint>/<filename>`
-        in every checkpoint from now on; if this run resumed from a checkpoint holding that file,
-        load it now."""
-        self.checkpoint_extras[filename] = extra
-        if self.resumed_from is not None and (self.resumed_from / filename).is_file():
-            extra.load(self.resumed_from / filename)
 
     @classmethod
     def resume(cls, out_dir: str | Path, overrides: list[str] | None = None) -> Trainer:
@@ -181,7 +156,7 @@ class Trainer:
 
         `acting` replaces the in-process actor's exported graph (`actors: 0`; benchmarks that
         compare acting paths); it must follow the learner's weights itself."""
-        if self.resumed_from is None and (self.checkpoint_dir / "LATEST").exists():
+        if self.ckpt.resumed_from is None and (self.ckpt.directory / "LATEST").exists():
             raise ResumeError(f"{self.out} already holds a run; resume it with --resume {self.out} "
                               "or choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
@@ -272,7 +247,7 @@ class Trainer:
                               "learner's env); use actors: 0")
         keep = self.consider_best if self.cfg.train.keep_best else None
         hook = SelfPlayHook(self.cfg, self.envs, self.out, self.policy_dir, self.log, lambda: self.acting, keep)
-        self.add_checkpoint_extra(POOL_STATE_FILE, hook)
+        self.ckpt.add_extra(POOL_STATE_FILE, hook)
         self.update_hooks.append(hook)
         return hook
 
@@ -353,7 +328,7 @@ class Trainer:
         keep = tc.checkpoint_replay if tc.checkpoint_replay is not None else (
             replay.nbytes <= CHECKPOINT_REPLAY_MAX_BYTES)
         if keep:
-            self.add_checkpoint_extra(REPLAY_FILE, replay)
+            self.ckpt.add_extra(REPLAY_FILE, replay)
         self.log.message(f"replay buffer: {replay.capacity:,} transitions x {replay.bytes_per_transition} B = "
                          f"{replay.nbytes / 2**20:,.1f} MiB, {'saved' if keep else 'not saved'} with checkpoints")
         min_replay = min(tc.batch_size, max(tc.learning_starts, 1))
