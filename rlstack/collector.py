@@ -58,6 +58,15 @@ class Trajectory(NamedTuple):
     env_seconds: float
     act_seconds: float
 
+    def staleness(self, updates: int) -> dict[str, float]:
+        """`rollout/…` scalars: learner updates since the weights that chose each step (and, from
+        an actor process, its env / act seconds)."""
+        stale = updates - self.version
+        metrics = {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max())}
+        if self.actor >= 0:
+            metrics.update({"rollout/actor_env_seconds": self.env_seconds, "rollout/actor_act_seconds": self.act_seconds})
+        return metrics
+
     @classmethod
     def of(cls, arrays: dict[str, np.ndarray], returns: list, lengths: list, actor: int,
            env_seconds: float, act_seconds: float) -> Trajectory:
@@ -216,8 +225,7 @@ class RunningMeanStd:
 class LocalSource:
     """Chunks collected in the learner's own process (`actors: 0`), one `get()` at a time.
 
-    `explore(t)` is the collector's per-step hook (see `Collector.collect`); the acting follows
-    the live network itself. `remaining()` (vector steps left, optional) cuts the last chunk
+    `explore(t)` is the collector's per-step hook (see `Collector.collect`). `remaining()` (vector steps left, optional) cuts the last chunk
     short, so an off-policy run stops at `total_steps` as a per-step loop would.
     """
 
@@ -234,3 +242,6 @@ class LocalSource:
             k: v if k in ("last_obs", "last_value") else v[:steps] for k, v in self.arrays.items()}
         returns, lengths, env_s, act_s = self.collector.collect(arrays, self.explore)
         return Trajectory.of(arrays, returns, lengths, -1, env_s, act_s)
+
+    def publish(self) -> None:
+        """Nothing to send: the in-process acting refreshes from the live network itself."""

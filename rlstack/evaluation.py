@@ -11,7 +11,7 @@ import numpy as np
 from mindspore import Tensor
 
 from rlstack.acting import Acting
-from rlstack.config import Config
+from rlstack.config import Config, to_dict
 from rlstack.envs import make_vector_env
 
 
@@ -104,3 +104,22 @@ class PeriodicEval:
         if self.keeper.consider(mean, (mean,), steps):
             log.message(f"eval at {steps:,} steps: mean return {mean:.2f} (best so far)")
         return mean
+
+
+def run_summary(cfg: Config, counters: Any, returns: np.ndarray, best: BestEval | None, from_best: bool,
+                version: str, steps_per_second: float, split: dict[str, float], parity: dict[str, Any]) -> dict[str, Any]:
+    """`summary.json` of a finished run: the final evaluation's `returns` and the run's counters."""
+    c = counters
+    return {
+        "eval/mean_return": float(returns.mean()), "eval/std_return": float(returns.std()),
+        "eval/returns": returns.tolist(), "total_steps": c.steps, "updates": c.updates,
+        "episodes": c.episodes,
+        "rollout/ep_return_mean": float(np.mean(c.recent_returns)) if len(c.recent_returns) else None,
+        "wall_seconds": c.wall_seconds, "steps_per_second": steps_per_second, "time_split_seconds": split,
+        "seed": cfg.seed, "algo": cfg.algo, "env": cfg.env.id, "policy_version": version,
+        "eval/best_mean_return": best.mean_return if best else None,
+        "eval/best_steps": best.steps if best else None,
+        "final_policy": "best" if from_best else "last",
+        **parity,
+        "config": to_dict(cfg),
+    }

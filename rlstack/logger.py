@@ -7,7 +7,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
@@ -49,6 +51,20 @@ class RunLogger:
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
                 self.writer.add_scalar(key, value, step)
 
+    def update(self, metrics: dict[str, float], counters: Any) -> tuple[int, float | None, float]:
+        """After a learner update: its metrics plus the `rollout/…` episode statistics and
+        `time/steps_per_second` to TensorBoard and the progress display. Returns (steps, recent mean
+        return, seconds since start) for the run's history."""
+        c = counters
+        elapsed = time.perf_counter() - self.start
+        recent = _mean(c.recent_returns)
+        metrics = {**metrics, "rollout/ep_return_mean": recent, "rollout/episodes": c.episodes,
+                   "rollout/ep_length_mean": _mean(c.recent_lengths),
+                   "time/steps_per_second": (c.steps - self.start_step) / max(elapsed, 1e-9)}
+        self.scalars(metrics, c.steps)
+        self.progress(c.steps, recent)
+        return c.steps, recent, elapsed
+
     def progress(self, step: int, recent_return: float | None) -> None:
         steps_per_second = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
         ret = "n/a" if recent_return is None else f"{recent_return:.1f}"
@@ -71,3 +87,7 @@ class RunLogger:
         if self.bar is not None:
             self.bar.close()
         self.writer.close()
+
+
+def _mean(values: Any) -> float | None:
+    return float(np.mean(values)) if len(values) else None

@@ -62,7 +62,7 @@ class ParityReport(NamedTuple):
 class RecentObs:
     """The last `capacity` observation rows an actor acted on (parity checks re-run them)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int = MAX_ROWS):
         self.capacity = capacity
         self.rows: np.ndarray | None = None
         self.count = 0

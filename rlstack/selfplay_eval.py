@@ -1,7 +1,7 @@
 """Self-play evaluation and its trainer hook: matches, W/D/L, the Elo table, the opponent pool's upkeep.
 
 `play_match` runs many games side by side (one call per player per ply, seats alternating).
-`SelfPlayHook` is attached by the trainer when the env is a self-play game (`is_selfplay`): it
+`SelfPlayHook` is attached by the trainer when the env is a self-play game (`attach_selfplay`): it
 gives the vector env its `OpponentPool` of exported versions, refreshes the pool after every
 update, and every `selfplay.eval_every` updates (and at the end) evaluates the agent being
 trained (its in-process acting graph):
@@ -315,6 +315,13 @@ def _flip(result: MatchResult) -> MatchResult:
     return MatchResult(result.losses, result.draws, result.wins)
 
 
-def is_selfplay(envs: Any) -> bool:
-    """True when a vector env is a self-play game (envs/selfplay.py), which gets a `SelfPlayHook`."""
-    return isinstance(envs, SelfPlayVectorEnv)
+def attach_selfplay(config: Config, envs: Any, out_dir: Path, policy_dir: Path, log: RunLogger,
+                    agent: Callable[[], Acting], keep_best: Callable[[float, tuple[float, ...]], bool] | None
+                    ) -> SelfPlayHook | None:
+    """The hook for a self-play game env (envs/selfplay.py); None for any other env."""
+    if not isinstance(envs, SelfPlayVectorEnv):
+        return None
+    if config.actors:
+        raise ConfigError("actors >= 1 does not support self-play envs (the opponent pool lives in the "
+                          "learner's env); use actors: 0")
+    return SelfPlayHook(config, envs, out_dir, policy_dir, log, agent, keep_best)

@@ -1,15 +1,14 @@
 """The learner: consumes trajectory chunks -> learns -> exports -> logs -> checkpoints -> evaluates.
 
-Chunks come from the collector (`rlstack/collector.py`) running in this process with the
-exported acting graph (`actors: 0`), or from actor processes (`actors: N`, a backend found by
-name through `rlstack.registry.actor_backend`); the learner consumes both the same way. The
-algorithm supplies the network and the update (`rlstack.registry.Algorithm`); everything
-around it (observation statistics, TensorBoard, checkpoints, resume, exports with their parity
-check, evaluations and `summary.json`) lives here once.
+Chunks come from the collector running in this process or from actor processes
+(`rlstack/sources.py`); the learner consumes both the same way. The algorithm supplies the
+network and the update (`rlstack.registry.Algorithm`); the trainer says when to export
+(`publish.py`), checkpoint (`checkpoints.py`), evaluate (`evaluation.py`) and stop (`stopping.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -24,9 +23,9 @@ from rlstack import checkpoints, registry
 from rlstack.acting import Acting, load_policy
 from rlstack.checkpoints import Counters, ResumeError
 from rlstack.collector import RunningMeanStd, Trajectory
-from rlstack.config import Config, ConfigError, load_config, to_dict, to_yaml
+from rlstack.config import Config, ConfigError, load_config, to_yaml
 from rlstack.envs import make_vector_env
-from rlstack.evaluation import BEST_FILE, BestEval, BestKeeper, PeriodicEval, evaluate
+from rlstack.evaluation import BEST_FILE, BestEval, BestKeeper, PeriodicEval, evaluate, run_summary
 from rlstack.fsutil import atomic_write_text
 from rlstack.logger import RunLogger, TimeSplit
 from rlstack.network import Network
@@ -35,15 +34,11 @@ from rlstack.publish import Publisher
 from rlstack.registry import Progress
 from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, ReplayBuffer
 from rlstack.runtime import configure
-from rlstack.selfplay_eval import POOL_STATE_FILE, SelfPlayHook, is_selfplay
+from rlstack.selfplay_eval import POOL_STATE_FILE, SelfPlayHook, attach_selfplay
 from rlstack.sources import local_source, start_actors
 from rlstack.stopping import StopSignals
 
 __all__ = ["Counters", "ResumeError", "TimeSplit", "Trainer"]
-
-RECENT_OBS = 4096
-"""Observations kept for the parity check after each export."""
-
 
 def default_out_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -71,7 +66,7 @@ class Trainer:
         """TensorBoard and console output, opened by `train()`."""
         self.acting: Acting | None = None
         """The in-process actor (`actors: 0`): the exported graph following the learner's weights."""
-        self.recent_obs = RecentObs(RECENT_OBS)
+        self.recent_obs = RecentObs()  # what the parity check after each export re-runs
         self.publisher = Publisher(cfg, self.network, self.obs_space, self.action_space, self.runtime,
                                    self.recent_obs)
         self.parity = self.publisher.parity
@@ -194,15 +189,16 @@ class Trainer:
 
     def _run(self, acting: Acting | None, total: int) -> None:
         if self.cfg.actors:
-            pool, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
-                                         self.counters, self.obs_space, self.action_space)
+            source, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
+                                           self.counters, self.obs_space, self.action_space)
             self.log.message(f"actors: {self.cfg.actors} processes x {self.cfg.env.n_envs} envs, chunks of "
                              f"{self.algo.chunk_steps} steps")
-            with pool:
-                self._learn(pool, publish, total)
         else:
             source = local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters, self.rng)
-            self._learn(source, lambda: None, total)
+            publish = source.publish
+        learn = self._learn_on_policy if self.algo.on_policy else self._learn_off_policy
+        with source if self.cfg.actors else contextlib.nullcontext():
+            learn(source, publish, total)
 
     def _stopped(self, checkpoint: Path) -> dict[str, Any]:
         """A run stopped by a signal: export the network, say what was saved and how to go on."""
@@ -217,45 +213,21 @@ class Trainer:
         return summary
 
     def _summarize(self, version: Path, from_best: bool, elapsed: float, start_steps: int) -> dict[str, Any]:
-        c, best = self.counters, self.best
-        returns = evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 10_000)
-        summary = {
-            "eval/mean_return": float(returns.mean()), "eval/std_return": float(returns.std()),
-            "eval/returns": returns.tolist(), "total_steps": c.steps, "updates": c.updates,
-            "episodes": c.episodes, "rollout/ep_return_mean": _mean(c.recent_returns),
-            "wall_seconds": c.wall_seconds, "steps_per_second": (c.steps - start_steps) / max(elapsed, 1e-9),
-            "time_split_seconds": self.split.as_dict(),
-            "seed": self.cfg.seed, "algo": self.cfg.algo, "env": self.cfg.env.id, "policy_version": version.name,
-            "eval/best_mean_return": best.mean_return if best else None,
-            "eval/best_steps": best.steps if best else None,
-            "final_policy": "best" if from_best else "last",
-            **self.parity,
-            "config": to_dict(self.cfg),
-        }
-        self.log.scalars({"eval/mean_return": summary["eval/mean_return"],
-                          "eval/std_return": summary["eval/std_return"]}, c.steps)
+        c, returns = self.counters, evaluate(self.network, self.cfg, self.cfg.env.eval_episodes, self.cfg.seed + 10_000)
+        summary = run_summary(self.cfg, c, returns, self.best, from_best, version.name,
+                              (c.steps - start_steps) / max(elapsed, 1e-9), self.split.as_dict(), self.parity)
+        self.log.scalars({k: summary[k] for k in ("eval/mean_return", "eval/std_return")}, c.steps)
         self.log.message(f"eval: mean return {summary['eval/mean_return']:.2f} +- {summary['eval/std_return']:.2f} "
                          f"over {len(returns)} episodes; {summary['steps_per_second']:,.0f} steps/s")
         return summary
 
     def _attach_selfplay(self) -> SelfPlayHook | None:
-        """The self-play hook when the env is a two-player game (rlstack/selfplay_eval.py)."""
-        if not is_selfplay(self.envs):
-            return None
-        if self.cfg.actors:
-            raise ConfigError("actors >= 1 does not support self-play envs (the opponent pool lives in the "
-                              "learner's env); use actors: 0")
         keep = self.consider_best if self.cfg.train.keep_best else None
-        hook = SelfPlayHook(self.cfg, self.envs, self.out, self.policy_dir, self.log, lambda: self.acting, keep)
-        self.ckpt.add_extra(POOL_STATE_FILE, hook)
-        self.update_hooks.append(hook)
+        hook = attach_selfplay(self.cfg, self.envs, self.out, self.policy_dir, self.log, lambda: self.acting, keep)
+        if hook is not None:
+            self.ckpt.add_extra(POOL_STATE_FILE, hook)
+            self.update_hooks.append(hook)
         return hook
-
-    def _learn(self, source: Any, publish: Callable[[], None], total: int) -> None:
-        if self.algo.on_policy:
-            self._learn_on_policy(source, publish, total)
-        else:
-            self._learn_off_policy(source, publish, total)
 
     def _receive(self, source: Any) -> Trajectory:
         """The next chunk; episode counters, observation statistics and recent obs updated."""
@@ -277,14 +249,6 @@ class Trainer:
         if self.obs_rms is not None:
             self.obs_rms.update(obs)
         return traj
-
-    def _staleness(self, traj: Trajectory) -> dict[str, float]:
-        stale = self.counters.updates - traj.version
-        metrics = {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max())}
-        if traj.actor >= 0:
-            metrics.update({"rollout/actor_env_seconds": traj.env_seconds,
-                            "rollout/actor_act_seconds": traj.act_seconds})
-        return metrics
 
     def _learned(self, metrics: dict[str, float] | None, publish: Callable[[], None]) -> None:
         """After an update: publish weights, log, hooks, periodic evaluation, export, checkpoint."""
@@ -316,7 +280,7 @@ class Trainer:
             start = time.perf_counter()
             metrics = algo.learn(traj, progress, self.rng)
             self.split.learn += time.perf_counter() - start
-            metrics.update(self._staleness(traj))
+            metrics.update(traj.staleness(self.counters.updates))
             self._learned(metrics, publish)
 
     def _learn_off_policy(self, source: Any, publish: Callable[[], None], total: int) -> None:
@@ -337,7 +301,7 @@ class Trainer:
         last_log, pending, stale = c.steps, [], {}
         while c.steps < total and self.stop.received is None:
             traj = self._receive(source)
-            stale = self._staleness(traj)
+            stale = traj.staleness(self.counters.updates)
             for t in range(len(traj.version)):
                 replay.add(traj.obs[t], traj.action[t], traj.reward[t], traj.next_obs[t], traj.terminated[t],
                            traj.truncated[t])
@@ -378,21 +342,8 @@ class Trainer:
         return self.keeper.consider(mean_return, rank, self.counters.steps)
 
     def _log_update(self, metrics: dict[str, float]) -> None:
-        c = self.counters
-        elapsed = time.perf_counter() - self.log.start
-        metrics = dict(metrics)
-        metrics["rollout/ep_return_mean"] = _mean(c.recent_returns)
-        metrics["rollout/ep_length_mean"] = _mean(c.recent_lengths)
-        metrics["rollout/episodes"] = c.episodes
-        metrics["time/steps_per_second"] = (c.steps - self.log.start_step) / max(elapsed, 1e-9)
         for key, value in metrics.items():
             if key.startswith("parity/") and value is not None:  # e.g. PPO's first-minibatch ratio
                 self.parity[key] = value
                 self.parity[key + "_max"] = max(value, self.parity.get(key + "_max", value))
-        self.history.append((c.steps, metrics["rollout/ep_return_mean"], elapsed))
-        self.log.scalars(metrics, c.steps)
-        self.log.progress(c.steps, metrics["rollout/ep_return_mean"])
-
-
-def _mean(values) -> float | None:
-    return float(np.mean(values)) if len(values) else None
+        self.history.append(self.log.update(metrics, self.counters))
