@@ -47,7 +47,7 @@ _EXEC = re.compile(r"(\S+) execution count: \d+, execution time: ([-+.\deE]+) ms
 # "parity" becomes parity_exported (the loaded version) or parity_live (the learner's module).
 ROLES: tuple[tuple[str, str | None], ...] = (
     ("rlstack.algorithms.", None), ("rlstack.parity:", "parity"), ("check_parity", "parity"),
-    ("evaluate", "eval"), ("_periodic_eval", "eval"), ("rlstack.selfplay_eval:", "eval"),
+    ("evaluate", "eval"), ("rlstack.evaluation:", "eval"), ("rlstack.selfplay_eval:", "eval"),
     ("rlstack.envs.", "opponent"), ("rlstack.serving.", "act"), ("Acting", "act"))
 
 
