@@ -13,6 +13,7 @@ from mindspore import Tensor
 from rlstack.acting import Acting
 from rlstack.config import Config, to_dict
 from rlstack.envs import make_vector_env
+from rlstack.logger import mean_or_none
 
 
 def evaluate(network: Any, cfg: Config, episodes: int, seed: int) -> np.ndarray:
@@ -114,7 +115,7 @@ def run_summary(cfg: Config, counters: Any, returns: np.ndarray, best: BestEval 
         "eval/mean_return": float(returns.mean()), "eval/std_return": float(returns.std()),
         "eval/returns": returns.tolist(), "total_steps": c.steps, "updates": c.updates,
         "episodes": c.episodes,
-        "rollout/ep_return_mean": float(np.mean(c.recent_returns)) if len(c.recent_returns) else None,
+        "rollout/ep_return_mean": mean_or_none(c.recent_returns),
         "wall_seconds": c.wall_seconds, "steps_per_second": steps_per_second, "time_split_seconds": split,
         "seed": cfg.seed, "algo": cfg.algo, "env": cfg.env.id, "policy_version": version,
         "eval/best_mean_return": best.mean_return if best else None,

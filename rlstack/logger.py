@@ -57,9 +57,9 @@ class RunLogger:
         return, seconds since start) for the run's history."""
         c = counters
         elapsed = time.perf_counter() - self.start
-        recent = _mean(c.recent_returns)
+        recent = mean_or_none(c.recent_returns)
         metrics = {**metrics, "rollout/ep_return_mean": recent, "rollout/episodes": c.episodes,
-                   "rollout/ep_length_mean": _mean(c.recent_lengths),
+                   "rollout/ep_length_mean": mean_or_none(c.recent_lengths),
                    "time/steps_per_second": (c.steps - self.start_step) / max(elapsed, 1e-9)}
         self.scalars(metrics, c.steps)
         self.progress(c.steps, recent)
@@ -89,5 +89,6 @@ class RunLogger:
         self.writer.close()
 
 
-def _mean(values: Any) -> float | None:
+def mean_or_none(values: Any) -> float | None:
+    """The mean of `values` (e.g. recent episode returns), None while there are none."""
     return float(np.mean(values)) if len(values) else None

@@ -44,11 +44,13 @@ def local_source(cfg: Config, algo: registry.Algorithm, envs: gym.vector.VectorE
     """`actors: 0`: the collector in this process (sharing the learner's random generator)."""
     collector = Collector(envs, acting, cfg.seed + 1_000 * counters.updates, off_policy=not algo.on_policy, rng=rng)
     specs = chunk_specs(algo, cfg.env.n_envs, envs.single_observation_space, envs.single_action_space)
-    remaining = None
-    if not algo.on_policy:  # stop at total_steps; a rollout of an on-policy algorithm is run whole
-        total, n_envs = cfg.train.total_steps, cfg.env.n_envs
-        remaining = lambda: -(-(total - counters.steps) // n_envs)  # noqa: E731
-    return LocalSource(collector, specs, exploration(algo, counters, cfg), remaining)
+    total, n_envs = cfg.train.total_steps, cfg.env.n_envs
+
+    def remaining() -> int:  # vector steps left
+        return -(-(total - counters.steps) // n_envs)
+
+    # Off-policy runs stop at total_steps; a rollout of an on-policy algorithm is run whole.
+    return LocalSource(collector, specs, exploration(algo, counters, cfg), None if algo.on_policy else remaining)
 
 
 def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_dir: Path, counters: Any,
