@@ -8,6 +8,7 @@ state a run must keep (the replay buffer, the self-play pool, the best evaluatio
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections import deque
@@ -93,6 +94,17 @@ def load(path: Path, cell: Any) -> dict[str, Any]:
                               f"this config builds {tuple(p.shape)}")
     ms.load_param_into_net(cell, params, strict_load=True)
     return json.loads((path / STATE_FILE).read_text())
+
+
+def params_digest(path: Path) -> str:
+    """sha256 over every saved parameter's name and bytes: equal digests, bitwise equal networks
+    and optimizer states (how the tests check that a resumed run computes what an unstopped one does)."""
+    params = ms.load_checkpoint(str(path / CHECKPOINT_FILE))
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].asnumpy().tobytes())
+    return h.hexdigest()
 
 
 class Checkpointer:

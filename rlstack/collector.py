@@ -12,15 +12,21 @@ the learner-update count of the weights that chose it (`version`).
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from rlstack.acting import Acting
+from rlstack.envs import state as env_state
+
+ENVS_FILE = "envs.pkl"
+"""The collector's checkpoint extra: the envs' state and the episodes in progress."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,27 @@ class Collector:
         self.obs, _ = envs.reset(seed=seed)
         n = envs.num_envs
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+        self.unsaved: str | None = None
+        """Why the env's state is not in checkpoints (`save`), once a save found out."""
+
+    # A checkpoint extra (`rlstack.checkpoints.Checkpointer.add_extra`): the episodes in progress,
+    # so a resumed run continues them exactly where the stopped one was.
+
+    def save(self, path: Path) -> None:
+        """Write the envs' state and the episodes in progress to `path`, if the env allows
+        (`rlstack.envs.state`); otherwise write nothing and say why in `unsaved`."""
+        try:
+            envs = env_state.capture(self.envs)
+        except env_state.NotSaved as err:
+            self.unsaved = str(err)
+            return
+        path.write_bytes(pickle.dumps({"envs": envs, "obs": self.obs, "ep_return": self.ep_return,
+                                       "ep_length": self.ep_length}, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def load(self, path: Path) -> None:
+        state = pickle.loads(path.read_bytes())  # noqa: S301 - a checkpoint file, checksummed on load
+        env_state.restore(self.envs, state["envs"])
+        self.obs, self.ep_return, self.ep_length = state["obs"], state["ep_return"], state["ep_length"]
 
     def collect(self, out: dict[str, np.ndarray], explore: Callable[[int], bool]) -> tuple[list, list, float, float]:
         """Fill `out` (the `trajectory_specs` arrays); `explore(t)` runs before step t and returns

@@ -22,7 +22,7 @@ import yaml
 from rlstack import checkpoints, registry
 from rlstack.acting import Acting, load_policy
 from rlstack.checkpoints import Counters, ResumeError
-from rlstack.collector import RunningMeanStd, Trajectory
+from rlstack.collector import ENVS_FILE, RunningMeanStd, Trajectory
 from rlstack.config import Config, ConfigError, load_config, to_yaml
 from rlstack.envs import make_vector_env
 from rlstack.evaluation import BEST_FILE, BestEval, BestKeeper, PeriodicEval, evaluate, run_summary
@@ -88,6 +88,9 @@ class Trainer:
         """SIGINT / SIGTERM during `train()`: stop after the current update (rlstack/stopping.py)."""
         self._wall_base, self._wall_start = 0.0, time.perf_counter()
         self._last_checkpoint = time.perf_counter()
+        self._logged: dict[str, Any] = {"at": 0, "pending": []}
+        """Off-policy updates not yet logged (`pending`) and the step of the last log (`at`):
+        checkpointed, so a resumed run logs the same curve as one that was not stopped."""
 
     # ----- checkpoints -------------------------------------------------------------------------
 
@@ -95,11 +98,12 @@ class Trainer:
         """Network, optimizer, normaliser, counters, RNG, extras and resolved config, atomically."""
         self.counters.wall_seconds = self._wall_base + time.perf_counter() - self._wall_start  # true in each
         self._last_checkpoint = time.perf_counter()
-        return self.ckpt.save(next_eval=self.evals.next_eval)
+        return self.ckpt.save(next_eval=self.evals.next_eval, logged=self._logged)
 
     def load_checkpoint(self, path: Path) -> None:
         state = self.ckpt.load(path)
         self.evals.next_eval = state.get("next_eval", self.evals.next_eval)
+        self._logged = state.get("logged", self._logged)
 
     @classmethod
     def resume(cls, out_dir: str | Path, overrides: list[str] | None = None) -> Trainer:
@@ -171,7 +175,7 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.split.other = elapsed - self.split.env - self.split.act - self.split.learn
         checkpoint = self.save_checkpoint()  # the last network: --resume continues the run itself
-        if self.stop.received is not None:
+        if self.stop.received is not None and self.counters.steps < total:  # (after the last update: finish)
             return self._stopped(checkpoint)
         best = self.best if self.cfg.train.keep_best else None
         if best is not None:
@@ -196,6 +200,11 @@ class Trainer:
         else:
             source = local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters, self.rng)
             publish = source.publish
+            self.ckpt.add_extra(ENVS_FILE, source.collector)
+            resumed = self.ckpt.resumed_from
+            if resumed is not None and not (resumed / ENVS_FILE).is_file():
+                self.log.message(f"resumed from {resumed}: it holds no environment state, so the "
+                                 "environments restart from a fresh reset (the run is not bit-exact)")
         learn = self._learn_on_policy if self.algo.on_policy else self._learn_off_policy
         with source if self.cfg.actors else contextlib.nullcontext():
             learn(source, publish, total)
@@ -298,7 +307,7 @@ class Trainer:
         min_replay = min(tc.batch_size, max(tc.learning_starts, 1))
         if self.obs_rms is not None:
             algo.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
-        last_log, pending, stale = c.steps, [], {}
+        logged, stale = self._logged, {}
         while c.steps < total and self.stop.received is None:
             traj = self._receive(source)
             stale = traj.staleness(self.counters.updates)
@@ -313,18 +322,19 @@ class Trainer:
                     algo.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
                 algo.explore(remaining)  # the next chunk's exploration
                 start = time.perf_counter()
-                pending.append({**algo.learn(replay, Progress(c.steps, remaining), self.rng), **stale})
+                logged["pending"].append({**algo.learn(replay, Progress(c.steps, remaining), self.rng), **stale})
                 self.split.learn += time.perf_counter() - start
                 self._learned(None, publish)
             else:
                 if c.steps >= tc.learning_starts:
                     algo.explore(remaining)
                 publish()
-            if c.steps - last_log >= tc.log_every_steps or c.steps >= total:
+            if c.steps - logged["at"] >= tc.log_every_steps or c.steps >= total:
                 # Updates can be every step (SAC): TensorBoard gets their mean every log_every_steps.
+                pending = logged["pending"]
                 keys = {k for m in pending for k in m}
                 self._log_update({k: float(np.mean([m[k] for m in pending if k in m])) for k in keys} or stale)
-                last_log, pending = c.steps, []
+                logged["at"], logged["pending"] = c.steps, []
 
     def _push_obs_stats(self) -> None:
         """Copy the running observation statistics into the network's in-graph normaliser."""
