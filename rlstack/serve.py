@@ -7,10 +7,15 @@ import importlib.util
 import ipaddress
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    import uvicorn
 
 from rlstack.serving.settings import TOKEN_ENV, ServeSettings
 
@@ -117,11 +122,44 @@ def main(argv: list[str] | None = None) -> int:
     # no better). The server process is ours, so the interpreter-wide setting is too.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     log.info("HTTP parser %s, event loop %s", *_uvicorn_impl())
+    app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+        app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=settings.access_log, lifespan="on", timeout_graceful_shutdown=settings.graceful_timeout_s))
-    server.run()  # SIGTERM/SIGINT: stop accepting, answer in-flight requests, run the lifespan shutdown
-    return 0 if server.started else 1
+    # SIGTERM/SIGINT: stop accepting, answer the requests in flight, run the lifespan shutdown.
+    stopped_by = run_until_signal(server)
+    if not server.started:
+        return 1
+    drained = getattr(app.state, "drained", False)
+    if stopped_by:
+        log.info("%s: %s; exit %d", stopped_by, "drained and stopped" if drained else "stopped without draining",
+                 0 if drained else 1)
+    return 0 if drained else 1
+
+
+def run_until_signal(server: uvicorn.Server) -> str | None:
+    """Run `server` until SIGTERM/SIGINT has shut it down; the name of the signal (None if none).
+
+    uvicorn catches the signal, shuts down gracefully, restores the handlers it found and then
+    raises the signal again so the process dies of it (exit 143 for SIGTERM, a KeyboardInterrupt
+    traceback for SIGINT) even after a clean drain. The handlers installed here are the ones it
+    finds, so they receive that second signal instead, and the exit status says whether the
+    drain was clean. A signal that arrives before uvicorn installs its own handlers (while the
+    app is built) asks the server to exit as soon as it has started.
+    """
+    received: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        received.append(signum)
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return signal.Signals(received[0]).name if received else None
 
 
 if __name__ == "__main__":

@@ -171,7 +171,8 @@ async def _send_error(send: Send, status: int, error: str, expected: str | None,
 
 
 class MetricsMiddleware:
-    """Counts every answer by route and status (including the guards' 401/413) and times it."""
+    """Counts every answer by route and status (including the guards' 401/413) and times it; keeps
+    the count of requests in flight and of those cut off, which tell whether a shutdown drained."""
 
     def __init__(self, app: ASGIApp, metrics: ServeMetrics):
         self.app = app
@@ -191,9 +192,14 @@ class MetricsMiddleware:
                 status = message["status"]
             await send(message)
 
+        self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_status)
+        except asyncio.CancelledError:
+            self.metrics.cut_off.inc()
+            raise
         finally:
+            self.metrics.in_flight.dec()
             self._children(route, status).observe(time.perf_counter() - t0)
 
     def _children(self, route: str, status: int) -> _RouteStatus:
@@ -401,6 +407,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
              policy.version, policy.manifest["algorithm"], list(policy.obs_shape), policy.path,
              settings.max_batch, settings.max_wait_ms,
              f"watching {reloader.latest}" if reloader.latest and poller else "not watching for new versions")
+    app.state.drained = False
     try:
         yield
     finally:
@@ -413,7 +420,26 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await batcher.stop()
         graph_thread.shutdown()
         loader.shutdown()
+        app.state.drained = _report_drain(metrics)
         log.info("stopped serving %s", batcher.served.version)
+
+
+def _report_drain(metrics: ServeMetrics) -> bool:
+    """Log whether the shutdown answered every request it had accepted; True if it did.
+
+    uvicorn runs the lifespan shutdown after the connections closed, or after its graceful
+    timeout cancelled the requests still running: those are counted as cut off, and a request
+    whose cancellation has not run yet is still in flight here."""
+    answered = int(metrics.value("rlstack_serve_requests_total", route="/v1/act", status="200"))
+    in_flight = int(metrics.value("rlstack_serve_requests_in_flight"))
+    cut_off = int(metrics.value("rlstack_serve_requests_cut_off_total"))
+    if in_flight or cut_off:
+        log.error("shutdown did not drain: %d request(s) cut off, %d still in flight (graceful timeout "
+                  "exceeded, or forced); %d /v1/act requests answered before", cut_off, in_flight, answered)
+        return False
+    log.info("drained: every accepted request was answered (%d /v1/act answers in all); the batcher's "
+             "queue is empty and it has stopped", answered)
+    return True
 
 
 def create_app(settings: ServeSettings) -> FastAPI:

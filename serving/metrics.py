@@ -31,6 +31,8 @@ class ServeMetrics:
     policy_version: Gauge
     policy_info: Gauge
     reloads: Counter
+    in_flight: Gauge
+    cut_off: Counter
 
     @classmethod
     def create(cls) -> ServeMetrics:
@@ -58,10 +60,18 @@ class ServeMetrics:
                               ["version", "algorithm"], namespace=ns, registry=registry),
             reloads=Counter("reloads", "Attempts to load a new policy version, by result (ok | refused)",
                             ["result"], namespace=ns, registry=registry),
+            in_flight=Gauge("requests_in_flight", "HTTP requests received and not yet answered",
+                            namespace=ns, registry=registry),
+            cut_off=Counter("requests_cut_off", "HTTP requests cancelled before their answer (the graceful "
+                            "shutdown timed out, or a second Ctrl-C forced the exit)", namespace=ns, registry=registry),
         )
         for result in ("ok", "refused"):  # exported as 0 from the start, so alerts can use rate()
             metrics.reloads.labels(result)
         return metrics
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one sample, e.g. `value("rlstack_serve_requests_in_flight")` (0 when absent)."""
+        return self.registry.get_sample_value(name, labels) or 0.0
 
     def serving(self, policy: Policy, previous: Policy | None = None) -> None:
         """Record that `policy` is now the version being served (replacing `previous`)."""
