@@ -351,7 +351,9 @@ def _array_schema(shape: list[int], item: dict[str, Any]) -> dict[str, Any]:
 
 
 def _policy_schemas(policy: Policy, max_rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    number = {"type": "number", "format": "float"}
+    # Beyond float32's range a number becomes inf in the graph, and the server refuses it (422).
+    limit = float(np.finfo(np.float32).max)
+    number = {"type": "number", "format": "float", "minimum": -limit, "maximum": limit}
     one = _array_schema(list(policy.obs_shape), number)
     obs = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1, "maxItems": max_rows}],
            "description": f"One observation of shape {list(policy.obs_shape)} (float32) or a batch "

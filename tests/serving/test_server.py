@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import httpx
+import hypothesis
 import mindspore as ms
 import numpy as np
 import pytest
+import schemathesis
 from mindspore import Tensor, nn
 from prometheus_client.parser import text_string_to_metric_families
+from schemathesis.config import SchemathesisConfig
 
 from rlstack.acting import Policy, load_policy
 from rlstack.fsutil import atomic_write_text
@@ -299,6 +302,8 @@ BAD_INPUTS = {
     "obs is a number": (b'{"obs": 5}', "application/json", 422, "must be a list"),
     "obs holds a string": (b'{"obs": [0, 0, 0, "a"]}', "application/json", 422, "strings"),
     "obs holds a bool": (b'{"obs": [0, 0, 0, true]}', "application/json", 422, "true/false"),
+    "obs holds a bool among floats": (b'{"obs": [[false, 0.5, 0.0, 0.0]]}', "application/json", 422, "true/false"),
+    "integer beyond float32": (b'{"obs": [0, 0, 0, 100000000000000000000000000000000000000000]}', "application/json", 422, "float32 range"),
     "obs holds null": (b'{"obs": [0, 0, 0, null]}', "application/json", 422, "numbers"),
     "NaN": (b'{"obs": [0, 0, 0, NaN]}', "application/json", 422, "NaN"),
     "infinity": (b'{"obs": [[0, 0, 0, 0], [0, -Infinity, 0, 0]]}', "application/json", 422, "obs[1, 1]"),
@@ -323,6 +328,15 @@ def test_bad_input_gets_a_4xx_naming_the_problem_then_good_requests_work(client:
         assert "[4]" in answer["expected"] and "[B, 4]" in answer["expected"], answer
     good = client.post("/v1/act", content=GOOD, headers={"Content-Type": "application/json"})
     assert good.status_code == 200 and good.json()["action"] in (0, 1)
+
+
+def test_numbers_json_schema_allows_are_accepted(client: httpx.Client) -> None:
+    """JSON Schema counts 7.0 as an integer, and an integer of any size as a number (found by fuzzing)."""
+    seeds = [client.post("/v1/act", json={"obs": [0.0, 0.0, 0.05, 0.0], "seed": seed}).json() for seed in (7, 7.0)]
+    assert seeds[0] == seeds[1]
+    r = client.post("/v1/act", content=b'{"obs": [0, 0, 0, 1180591620717411303424]}',
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
 
 
 def test_oversized_chunked_body_and_unknown_routes_are_4xx(client: httpx.Client) -> None:
@@ -478,6 +492,48 @@ def test_reload_with_nothing_new_is_unchanged(client: httpx.Client, serve_root: 
     atomic_write_text(serve_root / "policy" / "LATEST", "v000002\n")  # roll LATEST back to a good version
     r = client.post("/v1/reload")
     assert r.status_code == 200 and r.json()["result"] == "unchanged" and r.json()["policy_version"] == "v000002"
+
+
+# ----- fuzzing every route from the server's own OpenAPI schema ---------------------------------
+
+# Schemathesis's negative-data check expects 400/401/403/404/405/406/409/415/422/428/429 for a
+# request the schema forbids; this server also answers 413 (documented) for a batch over
+# --max-rows. The check still demands that every schema-violating request is refused.
+FUZZ_CONFIG = {"checks": {"negative_data_rejection": {"expected-statuses": [
+    400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]}}}
+FUZZ_REQUESTS: dict[str, int] = {}
+
+
+@pytest.fixture(scope="module")
+def openapi_schema(server: ServerProcess):
+    return schemathesis.openapi.from_url(server.url + "/openapi.json", headers=AUTH,
+                                         config=SchemathesisConfig.from_dict(FUZZ_CONFIG))
+
+
+fuzzed = schemathesis.pytest.from_fixture("openapi_schema")
+
+
+@fuzzed.parametrize()
+@hypothesis.settings(max_examples=100, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+def test_every_route_answers_as_its_openapi_schema_says(case, server: ServerProcess) -> None:
+    """Generated valid and invalid requests: never a 5xx, every answer's status documented, its
+    content type and body as the schema says, invalid requests refused, valid ones accepted."""
+    FUZZ_REQUESTS[case.operation.label] = FUZZ_REQUESTS.get(case.operation.label, 0) + 1
+    case.call_and_validate(headers=AUTH, timeout=30)
+
+
+def test_the_fuzzed_server_is_still_healthy(client: httpx.Client) -> None:
+    """After the fuzzing above: it reached every route, and the server still answers correctly."""
+    print(f"schemathesis requests per route: {FUZZ_REQUESTS}")
+    assert set(FUZZ_REQUESTS) == {"POST /v1/act", "GET /v1/policy", "POST /v1/reload", "GET /healthz",
+                                  "GET /metrics"}, FUZZ_REQUESTS
+    assert FUZZ_REQUESTS["POST /v1/act"] >= 100
+    assert client.post("/v1/act", content=GOOD, headers={"Content-Type": "application/json"}).status_code == 200
+    text = client.get("/metrics").text
+    assert not any(metric(text, "rlstack_serve_requests_total", route=route, status=str(code))
+                   for route in ("/v1/act", "/v1/policy", "/v1/reload", "/healthz", "/metrics", "other")
+                   for code in range(500, 600))
 
 
 # ----- lifecycle ---------------------------------------------------------------------------------
