@@ -603,6 +603,22 @@ def test_a_signal_drains_the_requests_in_flight_and_exits_0(trained_run: Path, t
     assert "Traceback" not in log, log
 
 
+def test_soak_benchmark_reloads_under_load_without_a_failed_request(trained_run: Path, tmp_path: Path) -> None:
+    """`python -m rlstack.bench serve --soak` for a few seconds: its code path, and its claims."""
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, "-m", "rlstack.bench", "serve", "--soak", "0.1", "--policy", str(trained_run),
+                        "--soak-clients", "8", "--window-s", "2", "--reload-every-s", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    assert report["requests"] > 100 and report["failed"] == 0, report
+    assert report["reloads_ok"] >= 1 and report["reloads_refused"] == 0, report
+    assert max(w["versions"] for w in report["windows"]) >= 2  # answers came from more than one version
+    assert report["rss_start_mb"] > 0 and len(report["windows"]) == 3
+    assert report["server_exit"] == 0 and report["server_drained"], report
+    assert "failed 0" in r.stdout and "rss_mb" in r.stdout
+
+
 def test_cli_refuses_a_path_without_a_policy(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "rlstack.serve", str(tmp_path)], capture_output=True, text=True,
                        timeout=120)
