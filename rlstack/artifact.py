@@ -117,29 +117,35 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
     number = int(versions[-1].name[1:]) + 1 if versions else 1
     name = version_name(number)
     obs_shape = tuple(int(d) for d in flat_masked_space(obs_space).shape)  # a masked Dict enters flat
-    with atomic_directory(policy_dir / name) as tmp:
-        ms.export(network, Tensor(shape=[None, *obs_shape], dtype=ms.float32),
-                  Tensor(shape=[None, network.noise_dim], dtype=ms.float32),
-                  file_name=str(tmp / "policy"), file_format="MINDIR")
-        graph = tmp / GRAPH_FILE
-        if not graph.is_file():
-            raise ArtifactError(f"mindspore.export did not write {graph}")
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "version": name,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "algorithm": algorithm,
-            **interface(network, obs_space, action_space),
-            "mindspore_version": ms.__version__,
-            "device": device,
-            "fusion": bool(fusion),
-            "config_hash": config_hash,
-            "sha256": _sha256(graph),
-            "graph_file": GRAPH_FILE,
-            **(extra or {}),
-        }
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, allow_nan=False))
-    atomic_write_text(policy_dir / "LATEST", name + "\n")
+    try:
+        with atomic_directory(policy_dir / name) as tmp:
+            ms.export(network, Tensor(shape=[None, *obs_shape], dtype=ms.float32),
+                      Tensor(shape=[None, network.noise_dim], dtype=ms.float32),
+                      file_name=str(tmp / "policy"), file_format="MINDIR")
+            graph = tmp / GRAPH_FILE
+            if not graph.is_file():
+                raise ArtifactError(f"mindspore.export did not write {graph}")
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "version": name,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "algorithm": algorithm,
+                **interface(network, obs_space, action_space),
+                "mindspore_version": ms.__version__,
+                "device": device,
+                "fusion": bool(fusion),
+                "config_hash": config_hash,
+                "sha256": _sha256(graph),
+                "graph_file": GRAPH_FILE,
+                **(extra or {}),
+            }
+            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, allow_nan=False))
+        atomic_write_text(policy_dir / "LATEST", name + "\n")
+    except OSError as err:  # disk full, a file size limit: the published versions stay as they are
+        raise ArtifactError(f"could not write policy version {policy_dir / name}: {err}; {policy_dir / 'LATEST'} "
+                            "still names the previous version") from err
+    for stale in policy_dir.glob(".v*.tmp"):  # left by a process killed while exporting
+        shutil.rmtree(stale, ignore_errors=True)
     if keep > 0:
         for old in list_versions(policy_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -1,7 +1,9 @@
 """Checkpoints of a run: `<out>/checkpoints/step_N/` (parameters, counters, config, extras) and `LATEST`.
 
 A checkpoint directory is written under a temp name, fsynced and renamed into place, and `LATEST`
-is replaced atomically, so a crash leaves the previous checkpoint whole. Extras are the other
+is replaced atomically, so a crash leaves the previous checkpoint whole. `checksums.json` holds
+the sha256 of every file; a checkpoint with a missing, truncated or modified file is refused
+before anything is loaded, with a message naming the file and the earlier checkpoints. Extras are the other
 state a run must keep (the replay buffer, the self-play pool, the best evaluation): anything with
 `save(path)` and `load(path)`, one file each.
 """
@@ -23,6 +25,7 @@ from rlstack.fsutil import atomic_directory, atomic_write_text
 CHECKPOINT_FILE = "state.ckpt"
 STATE_FILE = "trainer.json"
 CONFIG_FILE = "config.yaml"
+CHECKSUMS_FILE = "checksums.json"
 
 
 @dataclass
@@ -52,6 +55,10 @@ class ResumeError(RuntimeError):
     """A run directory cannot be resumed (no checkpoint, or the checkpoint does not fit)."""
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (the previous one is left as it was)."""
+
+
 def save(checkpoint_dir: Path, steps: int, cell: Any, state: dict[str, Any], config_yaml: str,
          extras: dict[str, Any], keep: int) -> Path:
     """Write `step_<steps>/` and point LATEST at it; keep the newest `keep` checkpoints."""
@@ -59,17 +66,63 @@ def save(checkpoint_dir: Path, steps: int, cell: Any, state: dict[str, Any], con
     target = checkpoint_dir / name
     if target.exists():
         return target
-    with atomic_directory(target) as tmp:
-        ms.save_checkpoint(cell, str(tmp / CHECKPOINT_FILE))
-        (tmp / STATE_FILE).write_text(json.dumps(state))
-        (tmp / CONFIG_FILE).write_text(config_yaml)
-        for filename, extra in extras.items():
-            extra.save(tmp / filename)
-    atomic_write_text(checkpoint_dir / "LATEST", name + "\n")
+    try:
+        with atomic_directory(target) as tmp:
+            ms.save_checkpoint(cell, str(tmp / CHECKPOINT_FILE))
+            (tmp / STATE_FILE).write_text(json.dumps(state))
+            (tmp / CONFIG_FILE).write_text(config_yaml)
+            for filename, extra in extras.items():
+                extra.save(tmp / filename)
+            sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir()) if f.is_file()}
+            (tmp / CHECKSUMS_FILE).write_text(json.dumps(sums, indent=1))
+        atomic_write_text(checkpoint_dir / "LATEST", name + "\n")
+    except (OSError, RuntimeError) as err:  # (MindSpore reports a failed write as RuntimeError)
+        pointer = checkpoint_dir / "LATEST"
+        previous = pointer.read_text().strip() if pointer.is_file() else None
+        intact = f"the previous checkpoint {checkpoint_dir / previous} is intact" if previous else "no checkpoint yet"
+        raise CheckpointError(f"could not write checkpoint {target}: {err} (disk full or a file size limit?); "
+                              f"{intact}. Free space, then continue with: python -m rlstack.train --resume "
+                              f"{checkpoint_dir.parent}") from err
     kept = sorted(p for p in checkpoint_dir.glob("step_*") if p.is_dir())
     for old in kept[: max(0, len(kept) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
+    for stale in checkpoint_dir.glob(".step_*.tmp"):  # left by a process killed while writing
+        shutil.rmtree(stale, ignore_errors=True)
     return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(path: Path) -> None:
+    """Refuse a checkpoint whose files do not match its checksums (naming the file), before any
+    of it is loaded."""
+    def refuse(what: str) -> ResumeError:
+        earlier = sorted(p.name for p in path.parent.glob("step_*") if p.is_dir() and p.name < path.name)
+        hint = (f"; resume from an earlier checkpoint with: python -m rlstack.train --resume "
+                f"{path.parent / earlier[-1]} (earlier: {', '.join(earlier)})" if earlier else
+                "; there is no earlier checkpoint in " + str(path.parent))
+        return ResumeError(what + hint)
+
+    if not path.is_dir():
+        raise refuse(f"checkpoint {path} does not exist")
+    sums_file = path / CHECKSUMS_FILE
+    try:
+        sums = json.loads(sums_file.read_text())
+    except (OSError, ValueError) as err:
+        raise refuse(f"checkpoint {path} is incomplete or corrupt: {sums_file} unreadable ({err})") from None
+    for filename, expected in sums.items():
+        file = path / filename
+        if not file.is_file():
+            raise refuse(f"checkpoint file {file} is missing")
+        if _sha256(file) != expected:
+            raise refuse(f"checkpoint file {file} is corrupt (truncated or modified: its sha256 does not "
+                         f"match {sums_file})")
 
 
 def latest(out: Path) -> Path:
@@ -80,8 +133,31 @@ def latest(out: Path) -> Path:
     return out / "checkpoints" / pointer.read_text().strip()
 
 
+def locate(path: Path) -> tuple[Path, Path]:
+    """(run directory, checkpoint) for `--resume PATH`: a run directory (its LATEST checkpoint)
+    or one checkpoint directory `<run>/checkpoints/step_N`."""
+    if (path / STATE_FILE).is_file() or (path.parent.name == "checkpoints" and path.name.startswith("step_")):
+        return path.parent.parent, path
+    return path, latest(path)
+
+
+def rewind(checkpoint: Path) -> list[Path]:
+    """Make `checkpoint` the run's newest: later checkpoints are renamed `replaced_step_N` (kept
+    for inspection, never loaded) and LATEST points at it. Returns the renamed directories."""
+    directory, moved = checkpoint.parent, []
+    for later in sorted(p for p in directory.glob("step_*") if p.is_dir() and p.name > checkpoint.name):
+        target = directory / f"replaced_{later.name}"
+        shutil.rmtree(target, ignore_errors=True)
+        later.rename(target)
+        moved.append(target)
+    atomic_write_text(directory / "LATEST", checkpoint.name + "\n")
+    return moved
+
+
 def load(path: Path, cell: Any) -> dict[str, Any]:
-    """Load the parameters into `cell` (refusing any that do not fit) and return the saved state."""
+    """Verify the files, load the parameters into `cell` (refusing any that do not fit) and return
+    the saved state."""
+    verify(path)
     params = ms.load_checkpoint(str(path / CHECKPOINT_FILE))
     expected = {p.name for p in cell.get_parameters()}
     missing, unexpected = expected - set(params), set(params) - expected

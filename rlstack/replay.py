@@ -9,6 +9,7 @@ in `info["final_obs"]`). Sampling is uniform with replacement, as Stable-Baselin
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -108,10 +109,15 @@ class ReplayBuffer:
 
     def save(self, path: str | Path) -> None:
         n = self.size
-        with open(path, "wb") as f:
-            np.savez(f, obs=self.obs[:n], next_obs=self.next_obs[:n], action=self.action[:n],
-                     reward=self.reward[:n], terminated=self.terminated[:n], truncated=self.truncated[:n],
-                     pos=np.int64(self.pos), capacity=np.int64(self.capacity))
+        arrays = {"obs": self.obs[:n], "next_obs": self.next_obs[:n], "action": self.action[:n],
+                  "reward": self.reward[:n], "terminated": self.terminated[:n], "truncated": self.truncated[:n],
+                  "pos": np.int64(self.pos), "capacity": np.int64(self.capacity)}
+        # An .npz as np.savez writes it, but closed on a failed write (disk full) instead of
+        # leaving the half-written zip to the garbage collector.
+        with zipfile.ZipFile(path, "w", allowZip64=True) as z:
+            for name, value in arrays.items():
+                with z.open(f"{name}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
 
     def load(self, path: str | Path) -> None:
         with np.load(path) as data:

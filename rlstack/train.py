@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"YAML config: a path, or a shipped config by name (default: {DEFAULT_CONFIG})")
     parser.add_argument("--out", default=None, help="run directory (default: runs/<algo>_<env>_s<seed>_<time>)")
     parser.add_argument("--resume", metavar="RUN_DIR", default=None,
-                        help="continue the run in RUN_DIR from its latest checkpoint (overrides apply)")
+                        help="continue the run in RUN_DIR from its latest checkpoint, or from one "
+                             "checkpoint: RUN_DIR/checkpoints/step_N (overrides apply)")
     parser.add_argument("--help-keys", metavar="ALGO", default=None, help="list every config key for ALGO")
     parser.add_argument("--profile", action="store_true",
                         help="run MindSpore's Profiler over a window of updates; output in <out>/profile "
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     # Imported late: `--help` and `--help-keys` do not pay for loading MindSpore.
+    from rlstack.artifact import ArtifactError
+    from rlstack.checkpoints import CheckpointError
     from rlstack.runtime import DeviceError
     from rlstack.trainer import ResumeError, Trainer
 
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 window.close()
         if "stopped_by" in summary:  # SIGINT / SIGTERM: saved, then the conventional 128 + signal
             return 128 + int(signal.Signals[summary["stopped_by"]])
-    except (ConfigError, EnvError, DeviceError, ResumeError) as err:
+    except (ConfigError, EnvError, DeviceError, ResumeError, CheckpointError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

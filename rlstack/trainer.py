@@ -19,7 +19,7 @@ import mindspore as ms
 import numpy as np
 import yaml
 
-from rlstack import checkpoints, registry
+from rlstack import budget, checkpoints, registry
 from rlstack.acting import Acting, load_policy
 from rlstack.checkpoints import Counters, ResumeError
 from rlstack.collector import ENVS_FILE, RunningMeanStd, Trajectory
@@ -54,6 +54,7 @@ class Trainer:
         self.runtime = configure(cfg.device, cfg.fusion)
         ms.set_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
+        budget.check_fits(cfg, *budget.probe_spaces(cfg))  # before n_envs envs and the networks exist
         self.envs = make_vector_env(cfg.env.id, cfg.env.n_envs, cfg.env.vector, cfg.env.kwargs)
         self.obs_space = self.envs.single_observation_space
         self.action_space = self.envs.single_action_space
@@ -88,6 +89,8 @@ class Trainer:
         """SIGINT / SIGTERM during `train()`: stop after the current update (rlstack/stopping.py)."""
         self._wall_base, self._wall_start = 0.0, time.perf_counter()
         self._last_checkpoint = time.perf_counter()
+        self.notes: list[str] = []
+        """Said on the console when `train()` starts (what a resume did)."""
         self._logged: dict[str, Any] = {"at": 0, "pending": []}
         """Off-policy updates not yet logged (`pending`) and the step of the last log (`at`):
         checkpointed, so a resumed run logs the same curve as one that was not stopped."""
@@ -107,12 +110,16 @@ class Trainer:
 
     @classmethod
     def resume(cls, out_dir: str | Path, overrides: list[str] | None = None) -> Trainer:
-        """Continue the run in `out_dir` from its latest checkpoint, with optional overrides
-        (e.g. a larger `train.total_steps`)."""
-        path = checkpoints.latest(Path(out_dir))
+        """Continue a run from its latest checkpoint (`out_dir` a run directory) or from one named
+        checkpoint (`out_dir` = `<run>/checkpoints/step_N`; later ones are set aside), with
+        optional overrides (e.g. a larger `train.total_steps`)."""
+        out, path = checkpoints.locate(Path(out_dir))
+        checkpoints.verify(path)
         saved = yaml.safe_load((path / checkpoints.CONFIG_FILE).read_text())
-        trainer = cls(load_config(base=saved, overrides=overrides), out_dir)
+        trainer = cls(load_config(base=saved, overrides=overrides), out)
         trainer.load_checkpoint(path)
+        trainer.notes += [f"resumed from {path}; a later checkpoint is set aside as {moved}"
+                          for moved in checkpoints.rewind(path)]
         return trainer
 
     # ----- export -----------------------------------------------------------------------------
@@ -163,6 +170,8 @@ class Trainer:
         total = self.cfg.train.total_steps
         self.log = RunLogger(self.out, total, self.counters.steps, self.cfg.train.progress,
                              self.cfg.train.log_every_seconds)
+        for note in self.notes:
+            self.log.message(note)
         selfplay = self._attach_selfplay()
         start, start_steps = time.perf_counter(), self.counters.steps
         self._wall_base, self._wall_start = self.counters.wall_seconds, start
