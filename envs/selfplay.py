@@ -231,7 +231,7 @@ class OpponentPool:
             return []
         from rlstack.artifact import list_versions
 
-        versions = list_versions(self.policy_dir)
+        versions = list_versions(self.policy_dir, scheduled=True)
         if not versions:
             return []
         before = set(self.names)
@@ -338,6 +338,28 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
             self._start(finished)
         infos["learner_seat"] = self.learner_seat.copy()
         return b.flat_obs(), reward, done, np.zeros(n, bool), infos
+
+    # ----- state, for exact resume (rlstack/envs/state.py) ------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """The games in progress, their opponents (by name), the RNG and the opening stocks."""
+        return {"boards": self.boards.take(np.arange(self.num_envs)), "learner_seat": self.learner_seat.copy(),
+                "opponent": [p.name for p in self.opponent], "rng": self.rng.bit_generator.state,
+                "openings": {k: list(v) for k, v in self._openings.items()}, "opponent_calls": self.opponent_calls}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Put `get_state`'s games back; every opponent must be in the current pool (ValueError if not)."""
+        players = {p.name: p for p in [*self.pool.members, *self.pool.sparring]}
+        missing = sorted(set(state["opponent"]) - set(players))
+        if missing or state["boards"].n != self.num_envs:
+            raise ValueError(f"saved games need opponents {missing} that the pool ({sorted(players)}) does not "
+                             f"hold, or {state['boards'].n} games for {self.num_envs} envs")
+        self.boards, self.learner_seat = state["boards"], state["learner_seat"]
+        self.opponent = [players[name] for name in state["opponent"]]
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = state["rng"]
+        self._openings = {k: list(v) for k, v in state["openings"].items()}
+        self.opponent_calls = state["opponent_calls"]
 
     # ----- episodes and opponents ------------------------------------------------------------
 

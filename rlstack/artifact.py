@@ -11,6 +11,7 @@ says what differs and what was expected.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -78,11 +79,25 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def list_versions(policy_dir: Path) -> list[Path]:
-    """Finished version directories, oldest first (temp directories are ignored)."""
+def list_versions(policy_dir: Path, scheduled: bool = False) -> list[Path]:
+    """Finished version directories, oldest first (temp directories are ignored).
+
+    `scheduled`: only the versions of the run's schedule (`train.export_every`), not the one a
+    signal's stop exported (manifest `trigger: stop`): opponent pools and evaluation snapshots
+    use these, so a stopped and resumed run plays against what an unstopped run plays against."""
     if not policy_dir.is_dir():
         return []
-    return sorted(p for p in policy_dir.iterdir() if p.is_dir() and _VERSION_RE.match(p.name))
+    found = sorted(p for p in policy_dir.iterdir() if p.is_dir() and _VERSION_RE.match(p.name))
+    return [p for p in found if not _stop_export(str(p))] if scheduled else found
+
+
+@functools.lru_cache(maxsize=4096)
+def _stop_export(version_dir: str) -> bool:
+    """(A finished version never changes: its manifest is read once.)"""
+    try:
+        return json.loads((Path(version_dir) / MANIFEST_FILE).read_text()).get("trigger") == "stop"
+    except (OSError, ValueError):
+        return False
 
 
 def interface(network: Network, obs_space: gym.Space, action_space: gym.Space) -> dict[str, Any]:

@@ -142,8 +142,14 @@ class Collector:
                                        "ep_length": self.ep_length}, protocol=pickle.HIGHEST_PROTOCOL))
 
     def load(self, path: Path) -> None:
+        """Continue the saved episodes; if the env refuses its saved state (e.g. a self-play
+        opponent no longer in the pool), keep the fresh reset and say why in `unsaved`."""
         state = pickle.loads(path.read_bytes())  # noqa: S301 - a checkpoint file, checksummed on load
-        env_state.restore(self.envs, state["envs"])
+        try:
+            env_state.restore(self.envs, state["envs"])
+        except ValueError as err:
+            self.unsaved = str(err)
+            return
         self.obs, self.ep_return, self.ep_length = state["obs"], state["ep_return"], state["ep_length"]
 
     def collect(self, out: dict[str, np.ndarray], explore: Callable[[int], bool]) -> tuple[list, list, float, float]:

@@ -29,13 +29,15 @@ class Publisher:
         """Latest `parity/…` values, copied into summary.json."""
         self._private: list[Path] = []
 
-    def export(self, policy_dir: Path, steps: int, updates: int, keep: int = 0) -> Path:
-        """The next version in `policy_dir` (`keep` > 0: only the newest `keep` stay)."""
+    def export(self, policy_dir: Path, steps: int, updates: int, keep: int = 0, trigger: str = "schedule") -> Path:
+        """The next version in `policy_dir` (`keep` > 0: only the newest `keep` stay); `trigger`
+        `stop` marks a signal's export, which opponent pools skip (`artifact.list_versions`)."""
         return export_policy(
             self.network, policy_dir, algorithm=self.cfg.algo, obs_space=self.obs_space,
             action_space=self.action_space, device=self.runtime.device, fusion=self.runtime.fusion,
             config_hash=config_hash(self.cfg), keep=keep,
-            extra={"env_id": self.cfg.env.id, "steps": steps, "updates": updates, "parity": self.cfg.parity})
+            extra={"env_id": self.cfg.env.id, "steps": steps, "updates": updates, "parity": self.cfg.parity,
+                   "trigger": trigger})
 
     def check_parity(self, version_dir: Path, updates: int) -> ParityReport:
         """Run the exported version and the live module on the same recent observations and

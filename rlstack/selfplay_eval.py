@@ -200,12 +200,19 @@ class SelfPlayHook:
 
     # checkpoint extra: the gated pool's members and counters survive a resume
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"pool": self.pool.state(), "history": self.history}))
+        path.write_text(json.dumps({"pool": self.pool.state(), "history": self.history,
+                                    "rng": self.rng.bit_generator.state,
+                                    "minimax_rng": self.minimax.rng.bit_generator.state,
+                                    "pairs": [[a, b, r.wins, r.draws, r.losses] for (a, b), r in self._pairs.items()]}))
 
     def load(self, path: Path) -> None:
         state = json.loads(path.read_text())
         self.pool.load_state(state.get("pool", {}))
         self.history = list(state.get("history", []))
+        if "rng" in state:  # the evaluation games go on as in a run that was not stopped
+            self.rng.bit_generator.state = state["rng"]
+            self.minimax.rng.bit_generator.state = state["minimax_rng"]
+            self._pairs = {(a, b): MatchResult(w, d, loss) for a, b, w, d, loss in state["pairs"]}
         self.pool.refresh()
 
     def __call__(self, counters: Any) -> None:
@@ -270,7 +277,7 @@ class SelfPlayHook:
         from rlstack.artifact import list_versions
 
         cfg, rng = self.cfg, self.rng
-        versions = list_versions(self.policy_dir)[-cfg.elo_snapshots:]
+        versions = list_versions(self.policy_dir, scheduled=True)[-cfg.elo_snapshots:]
         for v in versions:
             if v.name not in self._snapshots:
                 self._snapshots[v.name] = load_player(v, self.spec, sample=True)

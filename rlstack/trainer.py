@@ -128,12 +128,13 @@ class Trainer:
     def policy_dir(self) -> Path:
         return self.out / "policy"
 
-    def export(self) -> Path:
+    def export(self, trigger: str = "schedule") -> Path:
         """Export the acting graph as the next policy version (obs statistics included) and log
         its parity against the live module (`parity/…`, TensorBoard and the console)."""
         self._push_obs_stats()
         c = self.counters
-        version = self.publisher.export(self.policy_dir, c.steps, c.updates, keep=self.cfg.train.keep_versions)
+        version = self.publisher.export(self.policy_dir, c.steps, c.updates, keep=self.cfg.train.keep_versions,
+                                        trigger=trigger)
         report = self.publisher.check_parity(version, c.updates)
         if self.log is not None:  # (an export before `train()` is not logged)
             self.log.scalars(report.metrics(), c.steps)
@@ -211,16 +212,17 @@ class Trainer:
             publish = source.publish
             self.ckpt.add_extra(ENVS_FILE, source.collector)
             resumed = self.ckpt.resumed_from
-            if resumed is not None and not (resumed / ENVS_FILE).is_file():
-                self.log.message(f"resumed from {resumed}: it holds no environment state, so the "
-                                 "environments restart from a fresh reset (the run is not bit-exact)")
+            if resumed is not None and (source.collector.unsaved or not (resumed / ENVS_FILE).is_file()):
+                why = source.collector.unsaved or "the checkpoint holds no environment state"
+                self.log.message(f"resumed from {resumed}: {why}; the environments restart from a fresh reset "
+                                 "(the run is not bit-exact)")
         learn = self._learn_on_policy if self.algo.on_policy else self._learn_off_policy
         with source if self.cfg.actors else contextlib.nullcontext():
             learn(source, publish, total)
 
     def _stopped(self, checkpoint: Path) -> dict[str, Any]:
         """A run stopped by a signal: export the network, say what was saved and how to go on."""
-        version = self.export()
+        version = self.export(trigger="stop")
         name = self.stop.name
         summary = {"stopped_by": name, "total_steps": self.counters.steps, "updates": self.counters.updates,
                    "wall_seconds": self.counters.wall_seconds, "checkpoint": str(checkpoint),

@@ -3,6 +3,7 @@ optimizer state and logged curve as the same run not stopped (environment state,
 RNG and pending log values are all in the checkpoint)."""
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -18,15 +19,20 @@ RUNS = {
     "ppo": ("ppo_cartpole", 3, ["train.total_steps=2048"]),
     "dqn": ("dqn_cartpole", 5, ["train.total_steps=2500", "train.learning_starts=1000"]),
     "sac": ("sac_pendulum", 60, ["train.total_steps=400", "train.learning_starts=100", "net.hidden=[32,32]"]),
+    # a league: opponents are the run's own exported versions and the perfect sparring partner
+    "tictactoe": ("ppo_tictactoe_selfplay", 6, ["train.total_steps=12288", "selfplay.eval_every=3"]),
 }
 COMMON = ["train.progress=off", "env.eval_episodes=2"]
 
 
 def _curve(out: Path) -> dict[str, tuple[list[float], list[float]]]:
-    """Every logged scalar but wall-clock rates and parity diagnostics."""
+    """Every logged scalar but wall-clock rates and parity diagnostics. Versions in tags (Elo
+    snapshots) by rank: the stopped run's export takes a version number, so later ones shift."""
     scalars = load_run(out).scalars
-    return {tag: (s.steps.tolist(), s.values.tolist()) for tag, s in scalars.items()
-            if not tag.startswith(("time/", "parity/"))}
+    versions = sorted({v for tag in scalars for v in re.findall(r"v\d{6}", tag)})
+    rank = {v: f"snapshot{i}" for i, v in enumerate(versions)}
+    return {re.sub(r"v\d{6}", lambda m: rank[m.group()], tag): (s.steps.tolist(), s.values.tolist())
+            for tag, s in scalars.items() if not tag.startswith(("time/", "parity/"))}
 
 
 def _final(out: Path) -> str:
