@@ -207,6 +207,9 @@ class Trainer:
                                            self.counters, self.obs_space, self.action_space)
             self.log.message(f"actors: {self.cfg.actors} processes x {self.cfg.env.n_envs} envs, chunks of "
                              f"{self.algo.chunk_steps} steps")
+            if self.ckpt.resumed_from is not None:
+                self.log.message("resumed with actors: their environments start from a fresh reset and chunks "
+                                 "arrive in the order the actors finish them (the run is not bit-exact)")
         else:
             source = local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters, self.rng)
             publish = source.publish
