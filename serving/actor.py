@@ -50,11 +50,52 @@ class _Failed(NamedTuple):
     error: str
 
 
+class _Stopped(NamedTuple):
+    actor: int
+    signal: str
+
+
+SIGNAL_GRACE_S = 30.0
+"""How long an actor keeps collecting after SIGINT/SIGTERM while the learner has not stopped it."""
+
+
+class _Signals:
+    """SIGINT/SIGTERM in an actor process: recorded, never fatal.
+
+    Ctrl-C, and a SIGTERM sent to the whole process group (a scheduler, systemd), reach the
+    learner too; it finishes its current update, for which it may need more chunks, then stops
+    the actors (`ActorPool.close`). An actor that died at once would fail that update instead.
+    So an actor keeps collecting for at most `grace_s` after a signal, and then (or when the
+    learner stops it, or is gone) exits 0 after the chunk in hand. SIGINT is handled like
+    SIGTERM because MindSpore's runtime turns a SIGINT into SIGTERM once a graph has run (the
+    actor died of it even with SIGINT ignored)."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.received: int | None = None
+        self._at = 0.0
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received, self._at = signum, time.monotonic()
+
+    @property
+    def expired(self) -> bool:
+        return self.received is not None and time.monotonic() - self._at >= self.grace_s
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else "no signal"
+
+
 def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lock: Any,
-                slot_names: list[str], slot_specs: tuple[ArraySpec, ...], free: Any, ready: Any, stop: Any) -> None:
+                slot_names: list[str], slot_specs: tuple[ArraySpec, ...], free: Any, ready: Any, stop: Any,
+                signal_grace_s: float = SIGNAL_GRACE_S) -> None:
     """Entry point of one actor process (spawned: MindSpore is set up afresh here)."""
-    # Ctrl-C reaches the whole process group: the learner finishes its update and stops the actors.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signals = _Signals(signal_grace_s)
+    learner = mp.parent_process()
     try:
         from rlstack.envs import make_vector_env
         from rlstack.runtime import configure
@@ -83,7 +124,7 @@ def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lo
                 acting.load_weights(weights, version)
             return board.explore
 
-        while not stop.is_set():
+        while not stop.is_set() and not signals.expired and (learner is None or learner.is_alive()):
             try:
                 slot = free.get(timeout=0.1)
             except queue.Empty:
@@ -91,6 +132,8 @@ def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lo
             returns, lengths, env_s, act_s = collector.collect(slots[slot].arrays, refresh)
             ready.put(_Ready(index, slot, returns, lengths, env_s, act_s))
         envs.close()
+        if signals.expired and not stop.is_set():  # tell the learner why no more chunks come
+            ready.put(_Stopped(index, signals.name))
     except BaseException:  # reported to the learner, which raises ActorError with it
         ready.put(_Failed(index, traceback.format_exc()))
 
@@ -105,10 +148,10 @@ class ActorPool:
     """
 
     def __init__(self, spec: ActorSpec, n_actors: int, layout: Layout, chunk_specs: tuple[ArraySpec, ...],
-                 slots: int = 1):
+                 slots: int = 1, signal_grace_s: float = SIGNAL_GRACE_S):
         if n_actors < 1:
             raise ValueError(f"an actor pool needs n_actors >= 1, got {n_actors}")
-        self.spec, self.n_actors = spec, n_actors
+        self.spec, self.n_actors, self.signal_grace_s = spec, n_actors, signal_grace_s
         ctx = mp.get_context("spawn")  # MindSpore's threads make fork unsafe
         self.lock = ctx.Lock()
         self.board = WeightBoard(layout, self.lock, create=True)
@@ -123,7 +166,8 @@ class ActorPool:
         self.processes = [
             ctx.Process(target=_actor_main, name=f"rlstack-actor-{i}", daemon=True,
                         args=(i, _actor_spec(spec, i), layout, self.board.name, self.lock,
-                              [s.name for s in self.slots[i]], self.slot_specs, self.free[i], self.ready, self.stop))
+                              [s.name for s in self.slots[i]], self.slot_specs, self.free[i], self.ready, self.stop,
+                              signal_grace_s))
             for i in range(n_actors)]
         self.started = False
 
@@ -156,18 +200,23 @@ class ActorPool:
                     raise ActorError(f"no trajectory from {self.n_actors} actor(s) in {timeout:.0f} s") from None
         if isinstance(notice, _Failed):
             raise ActorError(f"actor {notice.actor} failed:\n{notice.error}")
+        if isinstance(notice, _Stopped):
+            raise ActorError(f"actor {notice.actor} stopped after {notice.signal}: the learner did not stop the "
+                             f"actors within {self.signal_grace_s:g} s of it")
         arrays = self.slots[notice.actor][notice.slot].copy()
         self.free[notice.actor].put(notice.slot)
         return Trajectory.of(arrays, notice.returns, notice.lengths, notice.actor, notice.env_seconds,
                              notice.act_seconds)
 
     def close(self, timeout: float = 10.0) -> None:
+        """Ask the actors to stop after the chunk in hand (they exit 0); kill those still running
+        after `timeout` (SIGTERM would only ask them again)."""
         self.stop.set()
         deadline = time.monotonic() + timeout
         for p in self.processes if self.started else []:
             p.join(max(0.1, deadline - time.monotonic()))
             if p.is_alive():
-                p.terminate()
+                p.kill()
                 p.join(1.0)
         for q in (*self.free, self.ready):
             q.cancel_join_thread()

@@ -1,6 +1,9 @@
 """The actor stage: the exported graph acts, follows the learner's weights and LATEST, in-process
 and in actor processes; PPO and DQN still learn with `actors: 2`."""
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -116,6 +119,37 @@ def test_an_actor_process_picks_up_published_versions_and_weights(tmp_path):
         _perturb(net, 2)
         pool.publish(weights_of(net, layout), 9)  # fresh weights through shared memory
         _check_logp(net, _first_with(pool, 9))
+    assert pool.processes[0].exitcode == 0  # stopped by close() after its chunk, not killed
+
+
+def test_a_signalled_actor_keeps_collecting_for_the_learner_then_exits_0(tmp_path, capfd):
+    """Ctrl-C / a group SIGTERM reach the learner too, which may need more chunks to finish its
+    update: the actor keeps collecting for the grace time, then stops cleanly and says why."""
+    ms.set_seed(0)
+    net = Network(OBS, ACT, NetSpec())
+    bootstrap = _export(net, tmp_path / "bootstrap", 0)
+    layout = load_policy(bootstrap).layout
+    spec = ActorSpec(env_id="CartPole-v1", n_envs=2, steps=8, policy_dir=str(tmp_path / "none"),
+                     bootstrap=str(bootstrap), seed=0)
+    with ActorPool(spec, 1, layout, trajectory_specs(spec.steps, spec.n_envs, (4,), (), "int32", False),
+                   signal_grace_s=3.0) as pool:
+        pool.publish(weights_of(net, layout), 0)
+        pool.start()
+        pool.get(timeout=300)  # running: MindSpore has installed its SIGINT handler by now
+        actor = pool.processes[0]
+        signalled = time.monotonic()
+        os.kill(actor.pid, signal.SIGINT)
+        time.sleep(0.2)
+        os.kill(actor.pid, signal.SIGTERM)
+        chunks = 0
+        with pytest.raises(ActorError, match=r"actor 0 stopped after SIG(INT|TERM): the learner did not stop"):
+            while True:
+                pool.get(timeout=60)
+                chunks += 1
+        assert chunks > 0 and time.monotonic() - signalled >= 3.0
+        actor.join(30)
+        assert actor.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_a_failing_actor_is_reported_with_its_traceback(tmp_path):
