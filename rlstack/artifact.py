@@ -26,7 +26,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
-from rlstack.fsutil import atomic_directory, atomic_write_text
+from rlstack.fsutil import atomic_directory, atomic_write_text, sha256_file
 from rlstack.network import BLOCK_ROWS, Network
 from rlstack.spaces import MaskedBox, flat_masked_space
 
@@ -69,14 +69,6 @@ def space_to_dict(space: gym.Space) -> dict[str, Any]:
 
 def version_name(number: int) -> str:
     return f"v{number:06d}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def list_versions(policy_dir: Path, scheduled: bool = False) -> list[Path]:
@@ -150,7 +142,7 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
                 "device": device,
                 "fusion": bool(fusion),
                 "config_hash": config_hash,
-                "sha256": _sha256(graph),
+                "sha256": sha256_file(graph),
                 "graph_file": GRAPH_FILE,
                 **(extra or {}),
             }

@@ -20,7 +20,7 @@ from typing import Any
 
 import mindspore as ms
 
-from rlstack.fsutil import atomic_directory, atomic_write_text
+from rlstack.fsutil import atomic_directory, atomic_write_text, sha256_file
 
 CHECKPOINT_FILE = "state.ckpt"
 STATE_FILE = "trainer.json"
@@ -73,7 +73,7 @@ def save(checkpoint_dir: Path, steps: int, cell: Any, state: dict[str, Any], con
             (tmp / CONFIG_FILE).write_text(config_yaml)
             for filename, extra in extras.items():
                 extra.save(tmp / filename)
-            sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir()) if f.is_file()}
+            sums = {f.name: sha256_file(f) for f in sorted(tmp.iterdir()) if f.is_file()}
             (tmp / CHECKSUMS_FILE).write_text(json.dumps(sums, indent=1))
         atomic_write_text(checkpoint_dir / "LATEST", name + "\n")
     except (OSError, RuntimeError) as err:  # (MindSpore reports a failed write as RuntimeError)
@@ -89,14 +89,6 @@ def save(checkpoint_dir: Path, steps: int, cell: Any, state: dict[str, Any], con
     for stale in checkpoint_dir.glob(".step_*.tmp"):  # left by a process killed while writing
         shutil.rmtree(stale, ignore_errors=True)
     return target
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify(path: Path) -> None:
@@ -120,7 +112,7 @@ def verify(path: Path) -> None:
         file = path / filename
         if not file.is_file():
             raise refuse(f"checkpoint file {file} is missing")
-        if _sha256(file) != expected:
+        if sha256_file(file) != expected:
             raise refuse(f"checkpoint file {file} is corrupt (truncated or modified: its sha256 does not "
                          f"match {sums_file})")
 
