@@ -34,7 +34,15 @@ from rlstack.profiling import ProfileWindow
 from rlstack.runtime import Runtime, configure
 from rlstack.serving.batcher import Batcher, ServedPolicy, bucket_sizes
 from rlstack.serving.metrics import ServeMetrics
-from rlstack.serving.routes import ROUTES, BadInput, act, act_openapi, expected_obs, router
+from rlstack.serving.routes import (
+    FLOAT32_MAX,
+    ROUTES,
+    BadInput,
+    act,
+    act_openapi,
+    expected_obs,
+    router,
+)
 from rlstack.serving.settings import ServeSettings
 
 log = logging.getLogger("rlstack.serve")
@@ -351,9 +359,8 @@ def _array_schema(shape: list[int], item: dict[str, Any]) -> dict[str, Any]:
 
 
 def _policy_schemas(policy: Policy, max_rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    # Beyond float32's range a number becomes inf in the graph, and the server refuses it (422).
-    limit = float(np.finfo(np.float32).max)
-    number = {"type": "number", "format": "float", "minimum": -limit, "maximum": limit}
+    # Beyond float32's range a number would be inf in the graph; the server refuses it (422).
+    number = {"type": "number", "format": "float", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX}
     one = _array_schema(list(policy.obs_shape), number)
     obs = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1, "maxItems": max_rows}],
            "description": f"One observation of shape {list(policy.obs_shape)} (float32) or a batch "

@@ -102,6 +102,10 @@ _ERRORS = {400: {"model": ErrorResponse, "description": "Body is not JSON"},
            422: {"model": ErrorResponse, "description": "Wrong field, type, shape or a non-finite number"}}
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest observation entry accepted (the schema's `maximum`; `-FLOAT32_MAX` its `minimum`)."""
+
+
 # ----- observation checks --------------------------------------------------------------------
 
 def expected_obs(obs_shape: tuple[int, ...], max_rows: int) -> str:
@@ -148,18 +152,20 @@ def parse_obs(raw: list[Any], obs_shape: tuple[int, ...], max_rows: int) -> tupl
     if not single and (arr.ndim != len(obs_shape) + 1 or arr.shape[1:] != obs_shape):
         raise BadInput(422, f"obs has shape {list(arr.shape)}; the policy takes observations of shape "
                             f"{list(obs_shape)}", expected)
-    batch = (arr[None] if single else arr).astype(np.float32)
-    if len(batch) == 0:
+    wide = arr[None] if single else arr
+    if len(wide) == 0:
         raise BadInput(422, "obs is an empty batch", expected)
-    if len(batch) > max_rows:
-        raise BadInput(413, f"obs has {len(batch)} rows; at most {max_rows} per request", expected)
-    finite = np.isfinite(batch)
+    if len(wide) > max_rows:
+        raise BadInput(413, f"obs has {len(wide)} rows; at most {max_rows} per request", expected)
+    # Checked before the cast: a number just past float32's largest would round down to it, but the
+    # schema (/openapi.json) says numbers within float32's range, and NaN compares False.
+    finite = np.abs(wide) <= FLOAT32_MAX
     if not finite.all():
         where = tuple(int(i) for i in np.argwhere(~finite)[0])
         where = where[1:] if single else where
         raise BadInput(422, f"obs{list(where)} is NaN or infinite (or beyond float32 range); "
                             "observations must be finite", expected)
-    return batch, single
+    return wide.astype(np.float32), single
 
 
 def _answer_json(action: np.ndarray, logp: np.ndarray, value: np.ndarray, version: str, single: bool) -> bytes:
