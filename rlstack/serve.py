@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from rlstack.serving.settings import TOKEN_ENV, ServeSettings
+
 if TYPE_CHECKING:
     import uvicorn
-
-from rlstack.serving.settings import TOKEN_ENV, ServeSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
