@@ -504,7 +504,8 @@ def test_reload_with_nothing_new_is_unchanged(client: httpx.Client, serve_root: 
 FUZZ_CONFIG = {"checks": {"negative_data_rejection": {"expected-statuses": [
     400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]}},
     "auth": {"openapi": {"bearer": {"bearer": TOKEN}}},  # the token for the schema's `bearer` scheme
-    "seed": 1}  # the same requests every run (schemathesis draws a random seed otherwise)
+    "seed": 1,  # the same requests every run (schemathesis draws a random seed otherwise)
+    "cache": {"enabled": False}}  # no replay cache of past failures written into the working directory
 FUZZ_REQUESTS: dict[str, int] = {}
 
 
