@@ -255,6 +255,19 @@ class OpponentPool:
             del self._loaded[name]
         return [n for n in self.names if n not in before]
 
+    def player(self, name: str) -> Player | None:
+        """The opponent called `name`: a member, a sparring partner, the random player the pool
+        starts with, or an exported version still on disk (games in progress may be against a
+        version that has since left the pool). None if there is none."""
+        for p in [*self.members, *self.sparring]:
+            if p.name == name:
+                return p
+        if name == "random" and self.fixed is None:
+            return RandomPlayer(self.spec)
+        if self.policy_dir is not None and (self.policy_dir / name).is_dir():
+            return load_player(self.policy_dir / name, self.spec, self.settings.sample)
+        return None
+
     def state(self) -> dict[str, Any]:
         return {"gated": list(self.gated), "results": dict(self.results), "totals": dict(self.totals)}
 
@@ -348,12 +361,13 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
                 "openings": {k: list(v) for k, v in self._openings.items()}, "opponent_calls": self.opponent_calls}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Put `get_state`'s games back; every opponent must be in the current pool (ValueError if not)."""
-        players = {p.name: p for p in [*self.pool.members, *self.pool.sparring]}
-        missing = sorted(set(state["opponent"]) - set(players))
+        """Put `get_state`'s games back; every opponent must be found by `OpponentPool.player`
+        (ValueError if not)."""
+        players = {name: self.pool.player(name) for name in set(state["opponent"])}
+        missing = sorted(name for name, p in players.items() if p is None)
         if missing or state["boards"].n != self.num_envs:
-            raise ValueError(f"saved games need opponents {missing} that the pool ({sorted(players)}) does not "
-                             f"hold, or {state['boards'].n} games for {self.num_envs} envs")
+            raise ValueError(f"saved games need opponents {missing} that neither the pool nor the policy "
+                             f"directory holds, or {state['boards'].n} games for {self.num_envs} envs")
         self.boards, self.learner_seat = state["boards"], state["learner_seat"]
         self.opponent = [players[name] for name in state["opponent"]]
         self.rng = np.random.default_rng()
