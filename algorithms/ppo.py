@@ -186,15 +186,19 @@ class PPOStep(nn.Cell):
         self.value_grad = LeanCall(LossGrad(ValueLoss(network, cfg), value_params))
         self.apply_grads = ClipAndStep(optimizer, cfg.max_grad_norm)
 
-    def step(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight) -> np.ndarray:
-        """Tensors of one minibatch [B, ...] -> [loss, policy_loss, value_loss, entropy, approx_kl,
-        clip_fraction, ratio_dev] (numpy) after the Adam step."""
+    def step(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight) -> tuple:
+        """Tensors of one minibatch [B, ...] -> its metrics as Tensors, after the Adam step
+        (`metrics` turns them into numbers: read once per update, not per step)."""
         (policy_loss, info), policy_grads = self.policy_grad(obs, action, old_logp, adv, clip_range, is_weight)
         (value_loss, mse), value_grads = self.value_grad(obs, ret, old_value)
         self.apply_grads(*policy_grads, *value_grads)
-        info = info.asnumpy()
-        loss = float(policy_loss.asnumpy()) + float(value_loss.asnumpy())
-        return np.concatenate(([loss, info[0], float(mse.asnumpy())], info[1:]))
+        return policy_loss, info, value_loss, mse
+
+    @staticmethod
+    def metrics(out: tuple) -> np.ndarray:
+        """`step`'s Tensors -> [loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, ratio_dev]."""
+        policy_loss, info, value_loss, mse = (x.asnumpy() for x in out)
+        return np.concatenate(([float(policy_loss) + float(value_loss), info[0], float(mse)], info[1:]))
 
 
 class LearnerLogp(nn.Cell):
@@ -277,6 +281,7 @@ class PPO:
         for rows in index:
             obs, action, old, adv, ret, value, weight = (Tensor(c[rows]) for c in columns)
             outputs.append(self.update.step(obs, action, old, adv, ret, value, clip_t, weight))
+        outputs = [self.update.metrics(out) for out in outputs]
         loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in np.mean(outputs, 0))
         var_ret = float(np.var(batch.ret))
         explained = float("nan") if var_ret == 0 else 1.0 - float(np.var(batch.ret - batch.value)) / var_ret

@@ -15,6 +15,7 @@ BENCHMARKS = {
     "actors": "rlstack.bench.actors",
     "seeds": "rlstack.bench.seeds",
     "graphs": "rlstack.bench.graphs",
+    "peer": "rlstack.bench.peer",
 }
 
 
