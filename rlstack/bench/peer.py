@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import tempfile
 import time
+
+_STARTING_ENV = dict(os.environ)  # before anything imports MindSpore
 
 CONFIGS = {"ppo": "ppo_cartpole", "dqn": "dqn_cartpole", "sac": "sac_pendulum"}
 
@@ -66,6 +69,13 @@ def sb3_spec(algo: str, cfg) -> dict:
             "kwargs": kwargs}
 
 
+def peer_env() -> dict[str, str]:
+    """The environment this command started with: MindSpore changes its own on import (e.g.
+    LD_LIBRARY_PATH to its CPU plugins, with which PyTorch ran single-threaded), and SB3 should
+    run as a user's would."""
+    return dict(_STARTING_ENV)
+
+
 def run_rlstack(cfg) -> dict:
     """Trainer construction to the end of training (the final export and evaluation are not
     counted: SB3's `learn` does neither)."""
@@ -95,7 +105,8 @@ def main(argv: list[str]) -> int:
         cfg = load_config(CONFIGS[algo], ["train.progress=off", "train.eval_every=0", "train.keep_best=false"])
         ours = run_rlstack(cfg)
         peer = json.loads(subprocess.run([args.python, "-c", SB3_SCRIPT, json.dumps(sb3_spec(algo, cfg))],
-                                         check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+                                         check=True, capture_output=True, text=True, env=peer_env())
+                          .stdout.strip().splitlines()[-1])
         row = {"algo": algo, "env": cfg.env.id, "total_steps": cfg.train.total_steps,
                "rlstack_steps_per_second": round(ours["steps"] / ours["seconds"], 1),
                "sb3_steps_per_second": round(peer["steps"] / peer["seconds"], 1),
