@@ -5,6 +5,7 @@ and `policy/LATEST` name complete, loadable entries, and the run resumes."""
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from rlstack.artifact import resolve_version_dir
 from rlstack.checkpoints import ResumeError
 from rlstack.config import load_config
 from rlstack.trainer import Trainer
+
+pytestmark = pytest.mark.slow
 
 KILL_TRIALS = int(os.environ.get("RLSTACK_KILL_TRIALS", "8"))
 """SIGKILLs in the kill loop (about 7 s each here); raise it for a longer soak."""
@@ -87,14 +90,23 @@ def _corrupt(file: Path, how: str) -> None:
         file.write_bytes(bytes(flipped))
 
 
-@pytest.mark.parametrize(("filename", "how"), [("state.ckpt", "truncate"), ("replay.npz", "flip"),
-                                               ("envs.pkl", "truncate")])
-def test_a_corrupt_checkpoint_is_refused_by_name_and_an_earlier_one_resumes_the_run_exactly(tmp_path, filename, how):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A short DQN run with three checkpoints (replay buffer and env state in each)."""
     cfg = load_config("dqn_cartpole", ["train.total_steps=1500", "train.learning_starts=500", "net.hidden=[32,32]",
                                        "train.checkpoint_every=2", "train.keep_checkpoints=3", "train.progress=off",
                                        "env.eval_episodes=1"])
-    out = tmp_path / "run"
+    out = tmp_path_factory.mktemp("finished") / "run"
     Trainer(cfg, out).train()
+    return out
+
+
+@pytest.mark.parametrize(("filename", "how"), [("state.ckpt", "truncate"), ("replay.npz", "flip"),
+                                               ("envs.pkl", "truncate")])
+def test_a_corrupt_checkpoint_is_refused_by_name_and_an_earlier_one_resumes_the_run_exactly(
+        tmp_path, finished_run, filename, how):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
     final = checkpoints.latest(out)
     digest = checkpoints.params_digest(final)
     earlier = sorted(p for p in final.parent.glob("step_*") if p != final)[-1]

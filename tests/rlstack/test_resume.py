@@ -15,12 +15,15 @@ from rlstack.config import load_config
 from rlstack.plot import load_run
 from rlstack.trainer import Trainer
 
+pytestmark = pytest.mark.slow
+
 RUNS = {
     "ppo": ("ppo_cartpole", 3, ["train.total_steps=2048"]),
     "dqn": ("dqn_cartpole", 5, ["train.total_steps=2500", "train.learning_starts=1000"]),
     "sac": ("sac_pendulum", 60, ["train.total_steps=400", "train.learning_starts=100", "net.hidden=[32,32]"]),
     # a league: opponents are the run's own exported versions and the perfect sparring partner
-    "tictactoe": ("ppo_tictactoe_selfplay", 5, ["train.total_steps=8192", "selfplay.eval_every=3"]),
+    "tictactoe": ("ppo_tictactoe_selfplay", 5, ["train.total_steps=8192", "selfplay.eval_every=3",
+                                                 "selfplay.eval_games=40", "env.eval_episodes=4"]),
 }
 COMMON = ["train.progress=off", "env.eval_episodes=2"]
 
