@@ -1,12 +1,14 @@
-"""The lean graph call: a compiled graph without side effects run with the least per-call work;
-every exported-graph call goes through it (`rlstack.acting.Acting.run`), and PPO's gradient graphs."""
+"""The lean graph call: a compiled graph run with the least per-call work; every exported-graph
+call goes through it (`rlstack.acting.Acting.run`), and PPO's update graphs."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,20 @@ def _same(a: Any, b: Any) -> bool:
     return np.array_equal(a.asnumpy(), b.asnumpy())
 
 
+class _Assign(nn.Cell):
+    """Writes values into parameters from inside a compiled graph, where the graphs that update
+    those parameters read them (restoring the state a side-effect check ran from)."""
+
+    def __init__(self, params: Sequence[Parameter]):
+        super().__init__()
+        self.params = list(params)
+
+    def construct(self, *values):
+        for param, value in zip(self.params, values):
+            ops.assign(param, value)
+        return values[0]
+
+
 class LeanCall:
     """`LeanCall(cell)(*tensors)` returns what `cell(*tensors)` returns, with less Python per call.
 
@@ -37,15 +53,21 @@ class LeanCall:
     dtypes) goes through the public call, which compiles it; later calls run that compiled phase
     through MindSpore's graph executor. The first direct run of each signature is compared
     bitwise with the public call's outputs on the same inputs; if the internal API is missing,
-    fails or differs, every later call takes the public path. Only for graphs without side
-    effects: the check runs the graph twice.
+    fails or differs, every later call takes the public path.
+
+    A graph with side effects (an optimizer step) names the parameters it writes in `state`. The
+    check then runs it from the same state twice: the public call, the state it left, that
+    state's predecessor written back by an assign graph, the direct run; outputs and every
+    parameter written must agree bitwise. A failed check leaves the public call's state.
     """
 
-    def __init__(self, cell: Any):
+    def __init__(self, cell: Any, state: Sequence[Parameter] = ()):
         self.cell = cell
+        self.state = list(state)
         self._run = _graph_executor()
         self.direct = self._run is not None
         self._phases: dict[tuple, str] = {}
+        self._assign: _Assign | None = None
 
     def __call__(self, *args: Any) -> Any:
         if not self.direct:
@@ -54,15 +76,30 @@ class LeanCall:
         phase = self._phases.get(key)
         if phase is not None:
             return self._run(args, phase)
+        before = self._snapshot()
         out = self.cell(*args)  # compiles this signature
+        after = self._snapshot()
         phase = getattr(self.cell, "compile_phase", None)
         try:
-            same = phase is not None and _same(out, self._run(args, phase))
+            self._write(before)
+            same = (phase is not None and _same(out, self._run(args, phase))
+                    and all(np.array_equal(a, b) for a, b in zip(after, self._snapshot(), strict=True)))
         except Exception as err:  # an internal API: any failure means the public path
             log.warning("lean graph call unavailable (%s); using Cell.__call__", err)
             same = False
         if same:
             self._phases[key] = phase
         else:
+            self._write(after)
             self.direct = False
         return out
+
+    def _snapshot(self) -> list[np.ndarray]:
+        return [p.asnumpy().copy() for p in self.state]
+
+    def _write(self, values: list[np.ndarray]) -> None:
+        if not self.state:
+            return
+        if self._assign is None:
+            self._assign = _Assign(self.state)
+        self._assign(*(Tensor(v) for v in values))

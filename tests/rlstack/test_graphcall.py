@@ -1,9 +1,10 @@
-"""The lean graph call returns bitwise what the public call returns, for every signature, and
-falls back to the public call when the direct path is unavailable."""
+"""The lean graph call returns bitwise what the public call returns (and, for a graph with side
+effects, leaves the same state), for every signature, and falls back to the public call when the
+direct path is unavailable or differs."""
 
 import gymnasium as gym
 import numpy as np
-from mindspore import Tensor
+from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack.acting import load_policy
 from rlstack.artifact import export_policy
@@ -41,3 +42,58 @@ def test_a_direct_run_that_differs_switches_to_the_public_call(tmp_path):
     obs, noise = np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32)
     call(Tensor(obs), Tensor(noise))
     assert not call.direct and not call._phases
+
+
+class _AdamStep(nn.Cell):
+    """A graph with side effects: one Adam step on a small regression loss."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.w = Parameter(Tensor(rng.standard_normal((4, 3)).astype(np.float32)), name="w")
+        self.optimizer = nn.Adam([self.w], learning_rate=1e-2)
+        self.grad = ops.value_and_grad(self.loss, None, self.optimizer.parameters)
+
+    def loss(self, x, y):
+        return ((ops.matmul(x, self.w) - y) ** 2).mean()
+
+    def construct(self, x, y):
+        loss, grads = self.grad(x, y)
+        self.optimizer(grads)
+        return loss
+
+
+def _state(cell):
+    return [p for p in cell.get_parameters() if p.name != "learning_rate"]
+
+
+def test_a_lean_call_with_side_effects_leaves_the_state_the_public_call_leaves():
+    lean_cell, public = _AdamStep(0), _AdamStep(0)
+    call = LeanCall(lean_cell, state=_state(lean_cell))
+    rng = np.random.default_rng(1)
+    for rows in (8, 8, 8, 5, 8):  # the first call of each signature is checked from the same state twice
+        x, y = rng.standard_normal((rows, 4)).astype(np.float32), rng.standard_normal((rows, 3)).astype(np.float32)
+        np.testing.assert_array_equal(call(Tensor(x), Tensor(y)).asnumpy(), public(Tensor(x), Tensor(y)).asnumpy())
+        for a, b in zip(_state(lean_cell), _state(public), strict=True):
+            np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    assert call.direct and len(call._phases) == 2
+    assert int(lean_cell.optimizer.global_step.asnumpy()[0]) == 5
+
+
+def test_a_side_effect_check_that_fails_keeps_the_public_calls_state():
+    lean_cell, public = _AdamStep(0), _AdamStep(0)
+    call = LeanCall(lean_cell, state=_state(lean_cell))
+    real = call._run
+
+    def skewed(args, phase):  # a direct run that also moves a parameter
+        out = real(args, phase)
+        lean_cell.w.set_data(Tensor(lean_cell.w.asnumpy() + 1))
+        return out
+
+    call._run = skewed
+    x, y = np.ones((2, 4), np.float32), np.zeros((2, 3), np.float32)
+    call(Tensor(x), Tensor(y))
+    public(Tensor(x), Tensor(y))
+    assert not call.direct
+    for a, b in zip(_state(lean_cell), _state(public), strict=True):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
