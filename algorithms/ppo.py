@@ -6,12 +6,14 @@ Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper w
 - global gradient-norm clipping and Adam with eps=1e-5;
 - learning rate and clip range may be linear schedules (`lin_1e-3`, RL Baselines3 Zoo);
 - a truncated episode is bootstrapped with V(final_obs) (the trainer folds it into the reward);
-- one minibatch step is three compiled graph calls (`PPOStep`), each under MindSpore's
-  100-kernel single-thread limit: the policy loss's gradient, the value loss's gradient (the
-  two heads share no parameters, so the sum's gradient splits exactly), and global-norm
-  clipping plus Adam over both. One graph for the whole step had ~200 kernels; above 100 the
+- one minibatch step is two compiled graph calls (`PPOStep`), each under MindSpore's
+  100-kernel single-thread limit: the policy loss's gradient, then the value loss's gradient
+  (the two heads share no parameters, so the sum's gradient splits exactly) with global-norm
+  clipping and Adam over both. One graph for the whole step had ~200 kernels; above 100 the
   CPU runtime switches to multi-thread actor messaging and every kernel costs 4-9x more
-  (DESIGN: the 100-kernel line). Minibatch rows are gathered on the host.
+  (DESIGN: the 100-kernel line). Minibatch rows are gathered on the host, and the advantage
+  terms of the clipped surrogate, which do not depend on the parameters, are computed there
+  (`surrogate_inputs`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.graphcall import LeanCall
 from rlstack.network import NetSpec, Network, PolicyKind
-from rlstack.optim import clip_by_global_norm
+from rlstack.optim import clip_coef, flatten, unflatten
 from rlstack.registry import Progress
 from rlstack.schedules import parse_schedule
 
@@ -80,36 +82,52 @@ class PPOConfig(TrainConfig):
             raise ConfigError(f"'train.is_clip' must be > 0 (or null for no correction), got {self.is_clip}")
 
 
+def surrogate_inputs(adv: np.ndarray, is_weight: np.ndarray, clip_range: float,
+                     normalize: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One minibatch's advantages [B] -> (weight, sign, bound) [B] float32, the host's part of the
+    clipped surrogate (they do not depend on the parameters, so the graph need not compute them).
+
+    SB3's min(A r, A clip(r, 1 - eps, 1 + eps)) is A min(r, 1 + eps) for A >= 0 and
+    A max(r, 1 - eps) for A < 0, that is |A| min(s r, b) with s = sign(A) (+1 at 0) and
+    b = s (1 + s eps): the graph computes `weight * min(sign * ratio, bound)` with
+    weight = |A| * is_weight. A is normalised (unbiased std, as torch.std in SB3) when `normalize`.
+    """
+    adv = adv.astype(np.float64)
+    if normalize:
+        centred = adv - adv.mean()
+        adv = centred / (np.sqrt((centred * centred).sum() / (len(adv) - 1)) + 1e-8)
+    sign = np.where(adv >= 0, 1.0, -1.0)
+    weight = np.abs(adv) * is_weight
+    bound = sign * (1.0 + sign * clip_range)
+    return weight.astype(np.float32), sign.astype(np.float32), bound.astype(np.float32)
+
+
 class PolicyLoss(nn.Cell):
-    """Clipped surrogate minus the entropy bonus of one minibatch [B]; returns (loss,
-    [policy_loss, entropy, approx_kl, clip_fraction, max |ratio - 1|])."""
+    """Clipped surrogate minus the entropy bonus of one minibatch [B] (advantage terms from
+    `surrogate_inputs`); returns (loss, [policy_loss, entropy, approx_kl, clip_fraction,
+    max |ratio - 1|])."""
 
     def __init__(self, network: Network, cfg: PPOConfig):
         super().__init__()
         self.network = network
         self.ent_coef = cfg.ent_coef
-        self.normalize_advantage = cfg.normalize_advantage
 
-    def construct(self, obs, action, old_logp, adv, clip_range, is_weight):
+    def construct(self, obs, action, old_logp, weight, sign, bound, clip_range):
         logp, entropy = self.network.policy_logp_entropy(obs, action)  # [B] each
-        if self.normalize_advantage:
-            centred = adv - adv.mean()
-            # unbiased std, as torch.std in SB3
-            adv = centred / (ops.sqrt((centred * centred).sum() / (adv.shape[0] - 1)) + 1e-8)
         log_ratio = logp - old_logp
         ratio = ops.exp(log_ratio)
-        surrogate = ops.minimum(adv * ratio, adv * ops.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range))
-        # is_weight: truncated pi_learner / pi_behaviour (train.is_clip); ones otherwise
-        policy_loss = -(surrogate * is_weight).mean()
+        policy_loss = -(weight * ops.minimum(sign * ratio, bound)).mean()
         entropy_mean = entropy.mean()
-        loss = policy_loss - self.ent_coef * entropy_mean
+        # ent_coef 0 (the default): the entropy is reported but has no gradient kernels
+        loss = policy_loss - self.ent_coef * entropy_mean if self.ent_coef else policy_loss
         # Schulman's low-variance KL estimator, as SB3 logs it.
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()
-        clip_fraction = (ops.abs(ratio - 1.0) > clip_range).astype(ms.float32).mean()
+        deviation = ratio - 1.0
+        approx_kl = (deviation - log_ratio).mean()
+        deviation = ops.abs(deviation)
+        clip_fraction = (deviation > clip_range).astype(ms.float32).mean()
         # Parity: on the first minibatch of an update this is 0 exactly when the learner
         # recomputes the actor's logp bit for bit (`parity: strict`, fresh weights).
-        ratio_dev = ops.abs(ratio - 1.0).max()
-        return loss, ops.stack((policy_loss, entropy_mean, approx_kl, clip_fraction, ratio_dev))
+        return loss, ops.stack((policy_loss, entropy_mean, approx_kl, clip_fraction, deviation.max()))
 
 
 class ValueLoss(nn.Cell):
@@ -127,7 +145,8 @@ class ValueLoss(nn.Cell):
         value = self.network.state_value(self.network.features(obs))  # [B]
         if self.clip_vf:
             value = old_value + ops.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
-        value_loss = ((ret - value) ** 2).mean()
+        error = ret - value
+        value_loss = (error * error).mean()
         return self.vf_coef * value_loss, value_loss
 
 
@@ -140,58 +159,68 @@ class PPOLoss(nn.Cell):
         self.policy = PolicyLoss(network, cfg)
         self.value = ValueLoss(network, cfg)
 
-    def construct(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight=None):
-        if is_weight is None:
-            is_weight = ops.ones_like(old_logp)
-        policy_loss, info = self.policy(obs, action, old_logp, adv, clip_range, is_weight)
+    def construct(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value):
+        policy_loss, info = self.policy(obs, action, old_logp, weight, sign, bound, clip_range)
         value_loss, mse = self.value(obs, ret, old_value)
         return policy_loss + value_loss, ops.concat((info[:1], mse.reshape(1), info[1:]))
 
 
-class LossGrad(nn.Cell):
-    """(loss, aux), gradients of `loss_cell` with respect to `params`: a graph without side
-    effects."""
+class PolicyGrad(nn.Cell):
+    """(loss, aux), the policy loss's gradients with respect to the policy head's parameters as
+    one flat vector (`rlstack.optim.flatten`: one output instead of one per parameter, each
+    costing the call ~15 us): a graph without side effects."""
 
-    def __init__(self, loss_cell: nn.Cell, params: list):
+    def __init__(self, network: Network, cfg: PPOConfig, params: list):
         super().__init__()
-        self.grad = ops.value_and_grad(loss_cell, None, ms.ParameterTuple(params), has_aux=True)
+        self.grad = ops.value_and_grad(PolicyLoss(network, cfg), None, ms.ParameterTuple(params), has_aux=True)
 
-    def construct(self, *inputs):
-        return self.grad(*inputs)
+    def construct(self, obs, action, old_logp, weight, sign, bound, clip_range):
+        out, grads = self.grad(obs, action, old_logp, weight, sign, bound, clip_range)
+        return out, flatten(grads)
 
 
-class ClipAndStep(nn.Cell):
-    """Global-norm clipping of all gradients, then one Adam step."""
+class ValueGradAndStep(nn.Cell):
+    """The value loss's gradient, then global-norm clipping of it together with the policy
+    gradient (`PolicyGrad`'s flat vector), then one Adam step over both; returns (weighted
+    value loss, MSE)."""
 
-    def __init__(self, optimizer: nn.Optimizer, max_grad_norm: float):
+    def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
+                 policy_params: list, value_params: list):
         super().__init__()
+        self.grad = ops.value_and_grad(ValueLoss(network, cfg), None, ms.ParameterTuple(value_params), has_aux=True)
         self.optimizer = optimizer
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = cfg.max_grad_norm
+        self.policy_shapes = tuple(tuple(p.shape) for p in policy_params)
 
-    def construct(self, *grads):
-        return self.optimizer(clip_by_global_norm(grads, self.max_grad_norm))
+    def construct(self, obs, ret, old_value, policy_grad):
+        (value_loss, mse), value_grads = self.grad(obs, ret, old_value)
+        coef = clip_coef((policy_grad, flatten(value_grads)), self.max_grad_norm)
+        policy_grads = unflatten(policy_grad * coef, self.policy_shapes)
+        self.optimizer(policy_grads + tuple(g * coef for g in value_grads))
+        return value_loss, mse
 
 
 class PPOStep(nn.Cell):
-    """One minibatch step as three graph calls, each under 100 kernels: policy gradient, value
-    gradient, clip + Adam. A Cell for the checkpoint (network and optimizer state); called on
-    the host, not compiled as a whole."""
+    """One minibatch step as two graph calls, each under 100 kernels: the policy gradient, then
+    the value gradient with clipping and Adam. A Cell for the checkpoint (network and optimizer
+    state); called on the host, not compiled as a whole. Both calls are lean
+    (`rlstack.graphcall.LeanCall`); the second names the state it writes."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
                  policy_params: list, value_params: list):
         super().__init__()
         self.network = network
         self.optimizer = optimizer
-        self.policy_grad = LeanCall(LossGrad(PolicyLoss(network, cfg), policy_params))
-        self.value_grad = LeanCall(LossGrad(ValueLoss(network, cfg), value_params))
-        self.apply_grads = ClipAndStep(optimizer, cfg.max_grad_norm)
+        self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params))
+        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params)
+        self.value_step = LeanCall(step, state=[p for p in step.get_parameters() if p.name != "learning_rate"])
 
-    def step(self, obs, action, old_logp, adv, ret, old_value, clip_range, is_weight) -> tuple:
-        """Tensors of one minibatch [B, ...] -> its metrics as Tensors, after the Adam step
-        (`metrics` turns them into numbers: read once per update, not per step)."""
-        (policy_loss, info), policy_grads = self.policy_grad(obs, action, old_logp, adv, clip_range, is_weight)
-        (value_loss, mse), value_grads = self.value_grad(obs, ret, old_value)
-        self.apply_grads(*policy_grads, *value_grads)
+    def step(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value) -> tuple:
+        """Tensors of one minibatch [B, ...] (advantage terms from `surrogate_inputs`) -> its
+        metrics as Tensors, after the Adam step (`metrics` turns them into numbers: read once
+        per update, not per step)."""
+        (policy_loss, info), policy_grad = self.policy_grad(obs, action, old_logp, weight, sign, bound, clip_range)
+        value_loss, mse = self.value_step(obs, ret, old_value, policy_grad)
         return policy_loss, info, value_loss, mse
 
     @staticmethod
@@ -276,11 +305,13 @@ class PPO:
             is_metrics = {"train/is_weight_mean": float(is_weight.mean()),
                           "train/is_truncated_fraction": float((rho > self.cfg.is_clip).mean())}
         clip_t = Tensor(clip, ms.float32)
-        columns = (batch.obs, batch.action, old_logp, batch.adv, batch.ret, batch.value, is_weight)
         outputs = []
         for rows in index:
-            obs, action, old, adv, ret, value, weight = (Tensor(c[rows]) for c in columns)
-            outputs.append(self.update.step(obs, action, old, adv, ret, value, clip_t, weight))
+            weight, sign, bound = surrogate_inputs(batch.adv[rows], is_weight[rows], clip, self.cfg.normalize_advantage)
+            columns = (batch.obs[rows], batch.action[rows], old_logp[rows], weight, sign, bound)
+            obs, action, old, weight, sign, bound = (Tensor.from_numpy(c) for c in columns)
+            ret, value = Tensor.from_numpy(batch.ret[rows]), Tensor.from_numpy(batch.value[rows])
+            outputs.append(self.update.step(obs, action, old, weight, sign, bound, clip_t, ret, value))
         outputs = [self.update.metrics(out) for out in outputs]
         loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in np.mean(outputs, 0))
         var_ret = float(np.var(batch.ret))

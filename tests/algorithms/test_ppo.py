@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from rlstack.algorithms.ppo import PPO, PPOLoss
+from rlstack.algorithms.ppo import PPO, PPOLoss, surrogate_inputs
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
 from rlstack.trainer import Trainer
@@ -26,7 +26,9 @@ def test_clipped_surrogate_matches_numpy():
     ret = rng.standard_normal(b).astype(np.float32)
     old_value = rng.standard_normal(b).astype(np.float32)
     clip = 0.2
-    loss, info = loss_cell(*(Tensor(x) for x in (obs, action, old_logp, adv, ret, old_value)), Tensor(clip, ms.float32))
+    terms = surrogate_inputs(adv, np.ones(b, np.float32), clip, normalize=True)
+    loss, info = loss_cell(*(Tensor(x) for x in (obs, action, old_logp, *terms)), Tensor(clip, ms.float32),
+                           Tensor(ret), Tensor(old_value))
     logp, entropy, value = (x.asnumpy().astype(np.float64) for x in ms.jit(algo.network.evaluate)(Tensor(obs), Tensor(action)))
     a = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
     ratio = np.exp(logp - old_logp)

@@ -180,7 +180,7 @@ def test_dqn_solves_cartpole_with_two_actor_processes(tmp_path):
 
 
 def test_truncated_importance_weights_correct_stale_samples():
-    from rlstack.algorithms.ppo import PPO, LearnerLogp, PPOLoss
+    from rlstack.algorithms.ppo import PPO, LearnerLogp, PPOLoss, surrogate_inputs
     from rlstack.buffers import RolloutBatch
 
     cfg = load_config(None, ["train.is_clip=1.5", "train.n_steps=8", "train.batch_size=32", "train.n_epochs=1"])
@@ -199,10 +199,13 @@ def test_truncated_importance_weights_correct_stale_samples():
     # The weight multiplies the clipped surrogate sample by sample.
     loss_cell = PPOLoss(algo.network, cfg.train)
     weight = np.minimum(rho, 1.5).astype(np.float32)
-    args = [Tensor(x) for x in (obs, action, learner, adv, ret, value)]
     clip = Tensor(0.2, ms.float32)
-    _, plain = loss_cell(*args, clip)
-    _, weighted = loss_cell(*args, clip, Tensor(weight))
+
+    def loss(is_weight):
+        terms = surrogate_inputs(adv, is_weight, 0.2, normalize=True)
+        return loss_cell(*(Tensor(x) for x in (obs, action, learner, *terms)), clip, Tensor(ret), Tensor(value))[1]
+
+    plain, weighted = loss(np.ones(rows, np.float32)), loss(weight)
     a = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
     ratio = np.exp(LearnerLogp(algo.network)(Tensor(obs), Tensor(action)).asnumpy().astype(np.float64) - learner)
     surrogate = np.minimum(a * ratio, a * np.clip(ratio, 0.8, 1.2))
