@@ -31,6 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.config import Config, ConfigError, OffPolicyConfig
+from rlstack.graphcall import LeanCall
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
 from rlstack.registry import Progress
@@ -177,6 +178,8 @@ class DQN:
         self.lr = parse_schedule(self.cfg.lr, "train.lr")
         self.optimizer = nn.Adam(self.network.trainable_params(), learning_rate=Tensor(self.lr(1.0), ms.float32))
         self.step = DQNStep(self.network, self.target, self.optimizer, self.cfg)
+        # The lean call (no compile-key work per call) of a graph that writes parameters.
+        self._step = LeanCall(self.step, state=[p for p in self.step.get_parameters() if p.name != "learning_rate"])
         self.target_update = TargetUpdate(self.network, self.target)
         self.epsilon = self.cfg.exploration_initial_eps
         self.network.set_epsilon(self.epsilon)
@@ -213,8 +216,8 @@ class DQN:
             self.target_update(Tensor(1.0 - (1.0 - self.cfg.tau) ** n_due, ms.float32))
             self.step.target_synced_at.set_data(Tensor(steps, ms.int64))
         b = replay.sample((self.cfg.gradient_steps, self.cfg.batch_size), rng)  # [K, B, ...]
-        stats = [self.step(Tensor(b.obs[i]), Tensor(b.action[i]), Tensor(b.reward[i]), Tensor(b.next_obs[i]),
-                           Tensor(b.terminated[i])) for i in range(self.cfg.gradient_steps)]
+        columns = (b.obs, b.action, b.reward, b.next_obs, b.terminated)
+        stats = [self._step(*(Tensor.from_numpy(c[i]) for c in columns)) for i in range(self.cfg.gradient_steps)]
         td_loss, q_mean, target_mean = np.mean([s.asnumpy() for s in stats], axis=0)
         return {"train/td_loss": float(td_loss), "train/q_mean": float(q_mean),
                 "train/target_mean": float(target_mean), "train/learning_rate": lr,
