@@ -30,6 +30,10 @@ def _same(a: Any, b: Any) -> bool:
     return np.array_equal(a.asnumpy(), b.asnumpy())
 
 
+ASSIGN_CHUNK = 64
+"""Parameters written back per assign graph (one kernel each: under the 100-kernel line)."""
+
+
 class _Assign(nn.Cell):
     """Writes values into parameters from inside a compiled graph, where the graphs that update
     those parameters read them (restoring the state a side-effect check ran from)."""
@@ -67,7 +71,7 @@ class LeanCall:
         self._run = _graph_executor()
         self.direct = self._run is not None
         self._phases: dict[tuple, str] = {}
-        self._assign: _Assign | None = None
+        self._assign: list[_Assign] = []
 
     def __call__(self, *args: Any) -> Any:
         if not self.direct:
@@ -98,8 +102,7 @@ class LeanCall:
         return [p.asnumpy().copy() for p in self.state]
 
     def _write(self, values: list[np.ndarray]) -> None:
-        if not self.state:
-            return
-        if self._assign is None:
-            self._assign = _Assign(self.state)
-        self._assign(*(Tensor(v) for v in values))
+        if not self._assign:
+            self._assign = [_Assign(self.state[i:i + ASSIGN_CHUNK]) for i in range(0, len(self.state), ASSIGN_CHUNK)]
+        for i, assign in enumerate(self._assign):
+            assign(*(Tensor(v) for v in values[i * ASSIGN_CHUNK:(i + 1) * ASSIGN_CHUNK]))
