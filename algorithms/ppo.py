@@ -84,18 +84,21 @@ class PPOConfig(TrainConfig):
 
 def surrogate_inputs(adv: np.ndarray, is_weight: np.ndarray, clip_range: float,
                      normalize: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One minibatch's advantages [B] -> (weight, sign, bound) [B] float32, the host's part of the
-    clipped surrogate (they do not depend on the parameters, so the graph need not compute them).
+    """Minibatch advantages [..., B] -> (weight, sign, bound) [..., B] float32, the host's part of
+    the clipped surrogate (they do not depend on the parameters, so the graph need not compute
+    them; every minibatch of an update is done in one pass).
 
     SB3's min(A r, A clip(r, 1 - eps, 1 + eps)) is A min(r, 1 + eps) for A >= 0 and
     A max(r, 1 - eps) for A < 0, that is |A| min(s r, b) with s = sign(A) (+1 at 0) and
     b = s (1 + s eps): the graph computes `weight * min(sign * ratio, bound)` with
-    weight = |A| * is_weight. A is normalised (unbiased std, as torch.std in SB3) when `normalize`.
+    weight = |A| * is_weight. A is normalised per minibatch (the last axis; unbiased std, as
+    torch.std in SB3) when `normalize`.
     """
     adv = adv.astype(np.float64)
     if normalize:
-        centred = adv - adv.mean()
-        adv = centred / (np.sqrt((centred * centred).sum() / (len(adv) - 1)) + 1e-8)
+        centred = adv - adv.mean(-1, keepdims=True)
+        std = np.sqrt((centred * centred).sum(-1, keepdims=True) / (adv.shape[-1] - 1))
+        adv = centred / (std + 1e-8)
     sign = np.where(adv >= 0, 1.0, -1.0)
     weight = np.abs(adv) * is_weight
     bound = sign * (1.0 + sign * clip_range)
@@ -305,12 +308,13 @@ class PPO:
             is_metrics = {"train/is_weight_mean": float(is_weight.mean()),
                           "train/is_truncated_fraction": float((rho > self.cfg.is_clip).mean())}
         clip_t = Tensor(clip, ms.float32)
+        # Every minibatch of the update gathered at once, [n_epochs * n_minibatches, B, ...]:
+        # each step then hands contiguous views to its graphs.
+        terms = surrogate_inputs(batch.adv[index], is_weight[index], clip, self.cfg.normalize_advantage)
+        columns = (batch.obs[index], batch.action[index], old_logp[index], *terms, batch.ret[index], batch.value[index])
         outputs = []
-        for rows in index:
-            weight, sign, bound = surrogate_inputs(batch.adv[rows], is_weight[rows], clip, self.cfg.normalize_advantage)
-            columns = (batch.obs[rows], batch.action[rows], old_logp[rows], weight, sign, bound)
-            obs, action, old, weight, sign, bound = (Tensor.from_numpy(c) for c in columns)
-            ret, value = Tensor.from_numpy(batch.ret[rows]), Tensor.from_numpy(batch.value[rows])
+        for i in range(len(index)):
+            obs, action, old, weight, sign, bound, ret, value = (Tensor.from_numpy(c[i]) for c in columns)
             outputs.append(self.update.step(obs, action, old, weight, sign, bound, clip_t, ret, value))
         outputs = [self.update.metrics(out) for out in outputs]
         loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in np.mean(outputs, 0))
