@@ -4,7 +4,8 @@ What can be saved:
 - `SyncVectorEnv` of pickleable envs (gymnasium's classic-control and toy-text envs, most pure
   Python envs): every sub-env with its wrappers (time-limit counters, RNG) and the vector
   env's own autoreset bookkeeping.
-- Envs with `get_state()` / `set_state(state)` (rlstack's self-play games).
+- Envs with `get_state()` / `set_state(state)` (rlstack's self-play games, the native vector
+  envs of rlstack/envs/vectorized.py).
 
 What cannot: `AsyncVectorEnv` (its envs live in other processes) and envs holding unpickleable
 things (simulators with native handles, e.g. MuJoCo's). `capture` then raises `NotSaved`
@@ -46,9 +47,15 @@ def capture(envs: gym.vector.VectorEnv) -> bytes:
 def restore(envs: gym.vector.VectorEnv, blob: bytes) -> None:
     """Put the state `capture` returned back into `envs` (built with the same id, count and kwargs)."""
     kind, state = pickle.loads(blob)  # noqa: S301 - our own checkpoint, verified by the caller
+    # A resume may build the envs another way than the saved run did (env.vectorization changed,
+    # or a checkpoint from before it existed): a ValueError makes the caller start afresh.
     if kind == "method":
+        if not hasattr(envs, "set_state"):
+            raise ValueError(f"saved environment state is from a native vector env, this run steps {type(envs).__name__}")
         envs.set_state(state)
         return
+    if not isinstance(envs, SyncVectorEnv):
+        raise ValueError(f"saved environment state is from a SyncVectorEnv, this run steps {type(envs).__name__}")
     if len(state["envs"]) != envs.num_envs:
         raise ValueError(f"saved environment state has {len(state['envs'])} envs, this run has {envs.num_envs}")
     for env in envs.envs:

@@ -219,6 +219,8 @@ class ActorSpec:
     """A version directory to start from before anything is published."""
     seed: int = 0
     vector: str = "sync"
+    vectorization: str = "auto"
+    """`env.vectorization` (rlstack.envs.make_vector_env)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
     fusion: str = "auto"

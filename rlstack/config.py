@@ -76,6 +76,10 @@ class EnvConfig:
     """Number of environments stepped together in one vector env (one graph call per step)."""
     vector: str = "sync"
     """`sync` (one process, lowest overhead for cheap envs) or `async` (one process per env)."""
+    vectorization: str = "auto"
+    """`native`: the env's own batched implementation, every copy stepped at once in numpy arrays
+    (CartPole-v0/v1, the self-play games); `per_env`: one env object per copy, stepped as
+    `env.vector` says; `auto`: native when the id has one that takes `env.kwargs`, else per_env."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for `gymnasium.make`."""
     eval_episodes: int = 10
@@ -236,6 +240,7 @@ _CHOICES = {
     "fusion": ("auto", "on", "off"),
     "parity": ("fast", "strict"),
     "env.vector": ("sync", "async"),
+    "env.vectorization": ("auto", "native", "per_env"),
     "net.activation": ("tanh", "relu", "elu", "gelu"),
     "train.progress": ("auto", "bar", "log", "off"),
     "selfplay.opponents": ("latest", "uniform", "gated"),

@@ -66,6 +66,7 @@ def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_
     layout = load_policy(bootstrap).layout
     spec = ActorSpec(env_id=cfg.env.id, n_envs=cfg.env.n_envs, steps=algo.chunk_steps, policy_dir=str(policy_dir),
                      bootstrap=str(bootstrap), seed=cfg.seed + 1_000 * counters.updates, vector=cfg.env.vector,
+                     vectorization=cfg.env.vectorization,
                      env_kwargs=dict(cfg.env.kwargs), device=cfg.device, fusion=cfg.fusion,
                      off_policy=not algo.on_policy)
     pool = registry.actor_backend("process")(spec, cfg.actors, layout,

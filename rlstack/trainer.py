@@ -55,7 +55,8 @@ class Trainer:
         ms.set_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         budget.check_fits(cfg, *budget.probe_spaces(cfg))  # before n_envs envs and the networks exist
-        self.envs = make_vector_env(cfg.env.id, cfg.env.n_envs, cfg.env.vector, cfg.env.kwargs)
+        self.envs = make_vector_env(cfg.env.id, cfg.env.n_envs, cfg.env.vector, cfg.env.kwargs,
+                                    cfg.env.vectorization)
         self.obs_space = self.envs.single_observation_space
         self.action_space = self.envs.single_action_space
         self.algo: registry.Algorithm = registry.get(cfg.algo).build(cfg, self.obs_space, self.action_space)
