@@ -120,10 +120,8 @@ class Acting:
             obs = np.concatenate([obs, np.zeros((size - n, *obs.shape[1:]), np.float32)])
             noise = np.concatenate([noise, np.zeros((size - n, *noise.shape[1:]), np.float32)])
         # from_numpy: the graph reads the arrays in place (the call returns after it ran)
-        action, logp, value = self.call(Tensor.from_numpy(obs), Tensor.from_numpy(noise))
-        if size > n:
-            return ActResult(_numpy(action)[:n], _numpy(logp)[:n], _numpy(value)[:n])
-        return ActResult(_numpy(action), _numpy(logp), _numpy(value))
+        action, logp, value = (_numpy(x)[:n] for x in self.call(Tensor.from_numpy(obs), Tensor.from_numpy(noise)))
+        return ActResult(action, logp, value)
 
     __call__ = run
 
