@@ -31,7 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.config import Config, ConfigError, OffPolicyConfig
-from rlstack.graphcall import LeanCall
+from rlstack.graphcall import LeanCall, written_by
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
 from rlstack.registry import Progress
@@ -179,7 +179,7 @@ class DQN:
         self.optimizer = nn.Adam(self.network.trainable_params(), learning_rate=Tensor(self.lr(1.0), ms.float32))
         self.step = DQNStep(self.network, self.target, self.optimizer, self.cfg)
         # The lean call (no compile-key work per call) of a graph that writes parameters.
-        self._step = LeanCall(self.step, state=[p for p in self.step.get_parameters() if p.name != "learning_rate"])
+        self._step = LeanCall(self.step, state=written_by(self.step))
         self.target_update = TargetUpdate(self.network, self.target)
         self.epsilon = self.cfg.exploration_initial_eps
         self.network.set_epsilon(self.epsilon)

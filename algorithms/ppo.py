@@ -29,7 +29,7 @@ from rlstack import registry
 from rlstack.buffers import RolloutBatch, rollout_batch
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
-from rlstack.graphcall import LeanCall
+from rlstack.graphcall import LeanCall, written_by
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_coef, flatten, unflatten
 from rlstack.registry import Progress
@@ -216,7 +216,7 @@ class PPOStep(nn.Cell):
         self.optimizer = optimizer
         self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params))
         step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params)
-        self.value_step = LeanCall(step, state=[p for p in step.get_parameters() if p.name != "learning_rate"])
+        self.value_step = LeanCall(step, state=written_by(step))
 
     def step(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value) -> tuple:
         """Tensors of one minibatch [B, ...] (advantage terms from `surrogate_inputs`) -> its

@@ -43,9 +43,15 @@ class _Assign(nn.Cell):
         self.params = list(params)
 
     def construct(self, *values):
-        for param, value in zip(self.params, values):
-            ops.assign(param, value)
+        for i in range(len(self.params)):  # (graph syntax: no zip(strict=))
+            ops.assign(self.params[i], values[i])
         return values[0]
+
+
+def written_by(cell: Any) -> list[Parameter]:
+    """The `state` of a graph with side effects: every parameter it holds (one it only reads,
+    such as a learning rate the host sets, is snapshot and compared too, at no harm)."""
+    return list(cell.get_parameters())
 
 
 class LeanCall:

@@ -8,7 +8,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack.acting import load_policy
 from rlstack.artifact import export_policy
-from rlstack.graphcall import LeanCall
+from rlstack.graphcall import LeanCall, written_by
 from rlstack.network import NetSpec, Network
 
 OBS, ACT = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
@@ -64,7 +64,7 @@ class _AdamStep(nn.Cell):
 
 
 def _state(cell):
-    return [p for p in cell.get_parameters() if p.name != "learning_rate"]
+    return written_by(cell)
 
 
 def test_a_lean_call_with_side_effects_leaves_the_state_the_public_call_leaves():
