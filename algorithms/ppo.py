@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.buffers import RolloutBatch, rollout_batch
@@ -168,39 +168,73 @@ class PPOLoss(nn.Cell):
         return policy_loss + value_loss, ops.concat((info[:1], mse.reshape(1), info[1:]))
 
 
-class PolicyGrad(nn.Cell):
-    """(loss, aux), the policy loss's gradients with respect to the policy head's parameters as
-    one flat vector (`rlstack.optim.flatten`: one output instead of one per parameter, each
-    costing the call ~15 us): a graph without side effects."""
+class Columns:
+    """Where each minibatch column sits in the packed float32 array [B, width] that the step graphs
+    take (`pack`): obs (flattened), action (an index for a categorical policy, exact in float32),
+    old_logp, weight, sign, bound, ret, old_value. One input instead of eight: each graph input
+    costs the call ~15 us here, a column slice inside the graph ~2 us."""
 
-    def __init__(self, network: Network, cfg: PPOConfig, params: list):
+    def __init__(self, obs_dim: int, action_dim: int):
+        self.obs = (0, obs_dim)
+        self.action = (obs_dim, obs_dim + action_dim)
+        first = obs_dim + action_dim
+        self.old_logp, self.weight, self.sign, self.bound, self.ret, self.value = range(first, first + 6)
+        self.width = first + 6
+
+    @staticmethod
+    def pack(obs: np.ndarray, action: np.ndarray, old_logp: np.ndarray, weight: np.ndarray, sign: np.ndarray,
+             bound: np.ndarray, ret: np.ndarray, value: np.ndarray) -> np.ndarray:
+        """Columns [..., B, ...] of any number of minibatches -> float32 [..., B, width]."""
+        lead = weight.shape
+        parts = (obs.reshape(*lead, -1), action.reshape(*lead, -1), old_logp, weight, sign, bound, ret, value)
+        return np.concatenate([x.reshape(*lead, -1).astype(np.float32, copy=False) for x in parts], -1)
+
+
+class PolicyGrad(nn.Cell):
+    """A packed minibatch (`Columns`) -> one flat vector: the policy loss's gradients with respect
+    to the policy head's parameters (`rlstack.optim.flatten`), then [loss, policy_loss, entropy,
+    approx_kl, clip_fraction, ratio_dev]. One input, one output: a graph without side effects.
+    The clip range is a parameter the host sets once per update."""
+
+    def __init__(self, network: Network, cfg: PPOConfig, params: list, columns: Columns):
         super().__init__()
         self.grad = ops.value_and_grad(PolicyLoss(network, cfg), None, ms.ParameterTuple(params), has_aux=True)
+        # (plain ints: the graph compiler folds them)
+        self.obs, self.action, self.old_logp = columns.obs, columns.action, columns.old_logp
+        self.weight, self.sign, self.bound = columns.weight, columns.sign, columns.bound
+        self.clip_range = Parameter(Tensor(0.2, ms.float32), name="clip_range", requires_grad=False)
 
-    def construct(self, obs, action, old_logp, weight, sign, bound, clip_range):
-        out, grads = self.grad(obs, action, old_logp, weight, sign, bound, clip_range)
-        return out, flatten(grads)
+    def construct(self, batch):
+        (loss, info), grads = self.grad(batch[:, self.obs[0]:self.obs[1]], batch[:, self.action[0]:self.action[1]],
+                                        batch[:, self.old_logp], batch[:, self.weight], batch[:, self.sign],
+                                        batch[:, self.bound], self.clip_range)
+        return ops.concat((flatten(grads), loss.reshape(1), info))
 
 
 class ValueGradAndStep(nn.Cell):
-    """The value loss's gradient, then global-norm clipping of it together with the policy
-    gradient (`PolicyGrad`'s flat vector), then one Adam step over both; returns (weighted
-    value loss, MSE)."""
+    """A packed minibatch and `PolicyGrad`'s vector -> the value loss's gradient, global-norm
+    clipping of it together with the policy gradient, one Adam step over both; returns the
+    metrics [loss, policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value_loss, mse]
+    as one vector (one output to read)."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
-                 policy_params: list, value_params: list):
+                 policy_params: list, value_params: list, columns: Columns):
         super().__init__()
         self.grad = ops.value_and_grad(ValueLoss(network, cfg), None, ms.ParameterTuple(value_params), has_aux=True)
         self.optimizer = optimizer
         self.max_grad_norm = cfg.max_grad_norm
         self.policy_shapes = tuple(tuple(p.shape) for p in policy_params)
+        self.policy_size = sum(int(np.prod(shape)) for shape in self.policy_shapes)
+        self.obs, self.ret, self.value = columns.obs, columns.ret, columns.value
 
-    def construct(self, obs, ret, old_value, policy_grad):
-        (value_loss, mse), value_grads = self.grad(obs, ret, old_value)
+    def construct(self, batch, policy_out):
+        (value_loss, mse), value_grads = self.grad(batch[:, self.obs[0]:self.obs[1]], batch[:, self.ret],
+                                                   batch[:, self.value])
+        policy_grad = policy_out[:self.policy_size]
         coef = clip_coef((policy_grad, flatten(value_grads)), self.max_grad_norm)
         policy_grads = unflatten(policy_grad * coef, self.policy_shapes)
         self.optimizer(policy_grads + tuple(g * coef for g in value_grads))
-        return value_loss, mse
+        return ops.concat((policy_out[self.policy_size:], ops.stack((value_loss, mse))))
 
 
 class PPOStep(nn.Cell):
@@ -210,27 +244,28 @@ class PPOStep(nn.Cell):
     (`rlstack.graphcall.LeanCall`); the second names the state it writes."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
-                 policy_params: list, value_params: list):
+                 policy_params: list, value_params: list, columns: Columns):
         super().__init__()
         self.network = network
         self.optimizer = optimizer
-        self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params))
-        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params)
+        # (held by the LeanCall, not as a Cell attribute: the clip range is no checkpoint state)
+        self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params, columns))
+        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns)
         self.value_step = LeanCall(step, state=written_by(step))
 
-    def step(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value) -> tuple:
-        """Tensors of one minibatch [B, ...] (advantage terms from `surrogate_inputs`) -> its
-        metrics as Tensors, after the Adam step (`metrics` turns them into numbers: read once
-        per update, not per step)."""
-        (policy_loss, info), policy_grad = self.policy_grad(obs, action, old_logp, weight, sign, bound, clip_range)
-        value_loss, mse = self.value_step(obs, ret, old_value, policy_grad)
-        return policy_loss, info, value_loss, mse
+    def set_clip_range(self, clip_range: float) -> None:
+        self.policy_grad.cell.clip_range.set_data(Tensor(clip_range, ms.float32))
+
+    def step(self, batch: Tensor) -> Tensor:
+        """A packed minibatch [B, width] (`Columns.pack`) -> its metrics as a Tensor, after the Adam
+        step (`metrics` turns them into numbers: read once per update, not per step)."""
+        return self.value_step(batch, self.policy_grad(batch))
 
     @staticmethod
-    def metrics(out: tuple) -> np.ndarray:
-        """`step`'s Tensors -> [loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, ratio_dev]."""
-        policy_loss, info, value_loss, mse = (x.asnumpy() for x in out)
-        return np.concatenate(([float(policy_loss) + float(value_loss), info[0], float(mse)], info[1:]))
+    def metrics(out: Tensor) -> np.ndarray:
+        """`step`'s Tensor -> [loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, ratio_dev]."""
+        loss, policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value_loss, mse = out.asnumpy()
+        return np.array([loss + value_loss, policy_loss, mse, entropy, approx_kl, clip_fraction, ratio_dev])
 
 
 class LearnerLogp(nn.Cell):
@@ -271,7 +306,9 @@ class PPO:
         self.chunk_steps = self.cfg.n_steps
         self.rollout_size = self.cfg.n_steps * cfg.env.n_envs
         self.n_minibatches = self.rollout_size // self.cfg.batch_size
-        self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params)
+        action_dim = 1 if discrete else int(np.prod(action_space.shape))
+        self.columns = Columns(self.network.obs_dim, action_dim)
+        self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params, self.columns)
         self.learner_logp = LearnerLogp(self.network) if self.cfg.is_clip is not None else None
 
     def state_cell(self) -> nn.Cell:
@@ -307,15 +344,13 @@ class PPO:
             is_weight = np.minimum(rho, self.cfg.is_clip).astype(np.float32)
             is_metrics = {"train/is_weight_mean": float(is_weight.mean()),
                           "train/is_truncated_fraction": float((rho > self.cfg.is_clip).mean())}
-        clip_t = Tensor(clip, ms.float32)
-        # Every minibatch of the update gathered at once, [n_epochs * n_minibatches, B, ...]:
-        # each step then hands contiguous views to its graphs.
+        self.update.set_clip_range(clip)
+        # Every minibatch of the update gathered and packed at once, [n_epochs * n_minibatches, B,
+        # width]: each step then hands one contiguous view to its graphs.
         terms = surrogate_inputs(batch.adv[index], is_weight[index], clip, self.cfg.normalize_advantage)
-        columns = (batch.obs[index], batch.action[index], old_logp[index], *terms, batch.ret[index], batch.value[index])
-        outputs = []
-        for i in range(len(index)):
-            obs, action, old, weight, sign, bound, ret, value = (Tensor.from_numpy(c[i]) for c in columns)
-            outputs.append(self.update.step(obs, action, old, weight, sign, bound, clip_t, ret, value))
+        packed = Columns.pack(batch.obs[index], batch.action[index], old_logp[index], *terms, batch.ret[index],
+                              batch.value[index])
+        outputs = [self.update.step(Tensor.from_numpy(minibatch)) for minibatch in packed]
         outputs = [self.update.metrics(out) for out in outputs]
         loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in np.mean(outputs, 0))
         var_ret = float(np.var(batch.ret))
