@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -94,6 +95,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstack.bench peer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", required=True, help="interpreter of a venv with stable-baselines3 and torch")
     parser.add_argument("--algos", default="ppo,dqn,sac", help="comma-separated: ppo, dqn, sac")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each side, alternating rlstack and SB3; the medians are compared (the "
+                             "speed of a shared machine drifts by 10-20%% within minutes)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
 
@@ -103,19 +107,27 @@ def main(argv: list[str]) -> int:
     for algo in args.algos.split(","):
         # No periodic evaluation (SB3's `learn` runs none); everything else as shipped.
         cfg = load_config(CONFIGS[algo], ["train.progress=off", "train.eval_every=0", "train.keep_best=false"])
-        ours = run_rlstack(cfg)
-        peer = json.loads(subprocess.run([args.python, "-c", SB3_SCRIPT, json.dumps(sb3_spec(algo, cfg))],
-                                         check=True, capture_output=True, text=True, env=peer_env())
-                          .stdout.strip().splitlines()[-1])
+        ours, peers = [], []
+        for _ in range(args.repeats):
+            ours.append({"load_average": os.getloadavg()[0], **run_rlstack(cfg)})
+            load = os.getloadavg()[0]
+            peers.append({"load_average": load, **json.loads(
+                subprocess.run([args.python, "-c", SB3_SCRIPT, json.dumps(sb3_spec(algo, cfg))], check=True,
+                               capture_output=True, text=True, env=peer_env()).stdout.strip().splitlines()[-1])})
+        rates = [r["steps"] / r["seconds"] for r in ours]
+        peer_rates = [r["steps"] / r["seconds"] for r in peers]
         row = {"algo": algo, "env": cfg.env.id, "total_steps": cfg.train.total_steps,
-               "rlstack_steps_per_second": round(ours["steps"] / ours["seconds"], 1),
-               "sb3_steps_per_second": round(peer["steps"] / peer["seconds"], 1),
-               "rlstack": ours, "sb3": peer}
+               "rlstack_steps_per_second": round(statistics.median(rates), 1),
+               "sb3_steps_per_second": round(statistics.median(peer_rates), 1),
+               "rlstack": ours[0] if args.repeats == 1 else ours, "sb3": peers[0] if args.repeats == 1 else peers}
         row["ratio"] = round(row["rlstack_steps_per_second"] / row["sb3_steps_per_second"], 2)
         rows.append(row)
+        spread = "" if args.repeats == 1 else (
+            f" [medians of {args.repeats}; rlstack {min(rates):,.0f}-{max(rates):,.0f}, "
+            f"SB3 {min(peer_rates):,.0f}-{max(peer_rates):,.0f}]")
         print(f"{algo} {cfg.env.id} {cfg.train.total_steps:,} steps: rlstack {row['rlstack_steps_per_second']:,.0f} "
-              f"steps/s, SB3 {row['sb3_steps_per_second']:,.0f} steps/s (torch {peer['torch']}, "
-              f"{peer['threads']} threads): {row['ratio']:.2f}x", flush=True)
+              f"steps/s, SB3 {row['sb3_steps_per_second']:,.0f} steps/s (torch {peers[0]['torch']}, "
+              f"{peers[0]['threads']} threads): {row['ratio']:.2f}x{spread}", flush=True)
     print(json.dumps(rows, indent=2))
     if args.json:
         with open(args.json, "w") as f:
