@@ -30,6 +30,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
+from rlstack.buffers import pack_columns
 from rlstack.config import Config, ConfigError, OffPolicyConfig
 from rlstack.graphcall import LeanCall, written_by
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
@@ -107,21 +108,11 @@ def td_target(q_next_online, q_next_target, reward, terminated, gamma: float, do
     return reward + gamma * (1.0 - terminated) * next_q
 
 
-def pack(obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
-         terminated: np.ndarray) -> np.ndarray:
-    """Minibatch columns [..., B, ...] -> one float32 array [..., B, 2 * obs_dim + 3]: obs and
-    next_obs flattened, then action (an index: exact in float32), reward, terminated. `DQNStep`
-    takes it as its one input (each graph input costs the call ~15 us here)."""
-    lead = reward.shape
-    parts = (obs, next_obs, action, reward, terminated)
-    return np.concatenate([x.reshape(*lead, -1).astype(np.float32, copy=False) for x in parts], -1)
-
-
 class DQNStep(nn.Cell):
     """One gradient step: Huber TD loss on one minibatch, gradient-norm clipping, Adam.
 
-    Takes a packed minibatch [B, 2 * obs_dim + 3] (`pack`); returns [td_loss, mean Q(s, a),
-    mean target].
+    Takes a packed minibatch [B, 2 * obs_dim + 3] (`rlstack.buffers.pack_columns`: obs,
+    next_obs, action, reward, terminated); returns [td_loss, mean Q(s, a), mean target].
     """
 
     def __init__(self, network: Network, target: Network, optimizer: nn.Optimizer, cfg: DQNConfig):
@@ -229,7 +220,7 @@ class DQN:
             self.target_update(Tensor(1.0 - (1.0 - self.cfg.tau) ** n_due, ms.float32))
             self.step.target_synced_at.set_data(Tensor(steps, ms.int64))
         b = replay.sample((self.cfg.gradient_steps, self.cfg.batch_size), rng)  # [K, B, ...]
-        packed = pack(b.obs, b.next_obs, b.action, b.reward, b.terminated)
+        packed = pack_columns(b.reward.shape, b.obs, b.next_obs, b.action, b.reward, b.terminated)
         stats = [self._step(Tensor.from_numpy(minibatch)) for minibatch in packed]
         td_loss, q_mean, target_mean = np.mean([s.asnumpy() for s in stats], axis=0)
         return {"train/td_loss": float(td_loss), "train/q_mean": float(q_mean),
