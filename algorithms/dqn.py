@@ -36,7 +36,7 @@ from rlstack.graphcall import LeanCall, written_by
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
 from rlstack.registry import Progress
-from rlstack.replay import ReplayBuffer
+from rlstack.replay import ReplayBatch, ReplayBuffer
 from rlstack.schedules import parse_schedule
 
 
@@ -111,8 +111,8 @@ def td_target(q_next_online, q_next_target, reward, terminated, gamma: float, do
 class DQNStep(nn.Cell):
     """One gradient step: Huber TD loss on one minibatch, gradient-norm clipping, Adam.
 
-    Takes a packed minibatch [B, 2 * obs_dim + 3] (`rlstack.buffers.pack_columns`: obs,
-    next_obs, action, reward, terminated); returns [td_loss, mean Q(s, a), mean target].
+    Takes a packed minibatch [B, 2 * obs_dim + 3] (`pack`); returns [td_loss, mean Q(s, a),
+    mean target].
     """
 
     def __init__(self, network: Network, target: Network, optimizer: nn.Optimizer, cfg: DQNConfig):
@@ -143,6 +143,13 @@ class DQNStep(nn.Cell):
         # smooth-L1 with beta 1 is Huber with delta 1 (torch's smooth_l1_loss, as SB3): one kernel.
         loss = ops.smooth_l1_loss(q_taken, target, beta=1.0, reduction="mean")
         return loss, ops.stack((q_taken.mean(), target.mean()))
+
+    @staticmethod
+    def pack(b: ReplayBatch) -> np.ndarray:
+        """Replay minibatches [K, B, ...] -> float32 [K, B, 2 * obs_dim + 3]
+        (`rlstack.buffers.pack_columns`) in the column order `construct` slices: obs, next_obs,
+        action, reward, terminated."""
+        return pack_columns(b.reward.shape, b.obs, b.next_obs, b.action, b.reward, b.terminated)
 
     def construct(self, batch):
         d = self.obs_dim
@@ -220,8 +227,7 @@ class DQN:
             self.target_update(Tensor(1.0 - (1.0 - self.cfg.tau) ** n_due, ms.float32))
             self.step.target_synced_at.set_data(Tensor(steps, ms.int64))
         b = replay.sample((self.cfg.gradient_steps, self.cfg.batch_size), rng)  # [K, B, ...]
-        packed = pack_columns(b.reward.shape, b.obs, b.next_obs, b.action, b.reward, b.terminated)
-        stats = [self._step(Tensor.from_numpy(minibatch)) for minibatch in packed]
+        stats = [self._step(Tensor.from_numpy(minibatch)) for minibatch in self.step.pack(b)]
         td_loss, q_mean, target_mean = np.mean([s.asnumpy() for s in stats], axis=0)
         return {"train/td_loss": float(td_loss), "train/q_mean": float(q_mean),
                 "train/target_mean": float(target_mean), "train/learning_rate": lr,
