@@ -63,26 +63,22 @@ class _AdamStep(nn.Cell):
         return loss
 
 
-def _state(cell):
-    return written_by(cell)
-
-
 def test_a_lean_call_with_side_effects_leaves_the_state_the_public_call_leaves():
     lean_cell, public = _AdamStep(0), _AdamStep(0)
-    call = LeanCall(lean_cell, state=_state(lean_cell))
+    call = LeanCall(lean_cell, state=written_by(lean_cell))
     rng = np.random.default_rng(1)
     for rows in (8, 8, 8, 5, 8):  # the first call of each signature is checked from the same state twice
         x, y = rng.standard_normal((rows, 4)).astype(np.float32), rng.standard_normal((rows, 3)).astype(np.float32)
         np.testing.assert_array_equal(call(Tensor(x), Tensor(y)).asnumpy(), public(Tensor(x), Tensor(y)).asnumpy())
-        for a, b in zip(_state(lean_cell), _state(public), strict=True):
+        for a, b in zip(written_by(lean_cell), written_by(public), strict=True):
             np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
     assert call.direct and len(call._phases) == 2
     assert int(lean_cell.optimizer.global_step.asnumpy()[0]) == 5
 
 
-def test_a_side_effect_check_that_fails_keeps_the_public_calls_state():
+def test_a_side_effect_check_that_fails_keeps_the_public_callswritten_by():
     lean_cell, public = _AdamStep(0), _AdamStep(0)
-    call = LeanCall(lean_cell, state=_state(lean_cell))
+    call = LeanCall(lean_cell, state=written_by(lean_cell))
     real = call._run
 
     def skewed(args, phase):  # a direct run that also moves a parameter
@@ -95,5 +91,5 @@ def test_a_side_effect_check_that_fails_keeps_the_public_calls_state():
     call(Tensor(x), Tensor(y))
     public(Tensor(x), Tensor(y))
     assert not call.direct
-    for a, b in zip(_state(lean_cell), _state(public), strict=True):
+    for a, b in zip(written_by(lean_cell), written_by(public), strict=True):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
