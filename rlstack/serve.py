@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"bearer token required on every route but /healthz (default: ${TOKEN_ENV} if set)")
     parser.add_argument("--reload-poll-s", type=float, default=0.5,
                         help="seconds between checks of LATEST (0: only POST /v1/reload; default 0.5)")
+    parser.add_argument("--keep-alive-s", type=float, default=75.0,
+                        help="seconds an idle keep-alive connection stays open (default 75: longer than "
+                             "pooled clients keep theirs)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "ascend"), help="MindSpore device")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--access-log", action="store_true", help="log every request (costs CPU at high rates)")
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             policy=args.policy, host=args.host, port=args.port, max_batch=args.max_batch,
             max_wait_ms=args.max_wait_ms, max_rows=args.max_rows, max_body_bytes=args.max_body_bytes,
             token=args.token or os.environ.get(TOKEN_ENV) or None, reload_poll_s=args.reload_poll_s,
+            keep_alive_s=args.keep_alive_s,
             device=args.device, log_level=args.log_level, access_log=args.access_log,
             profile_dir=profile_dir_for(args.policy) if args.profile else None,
             profile_steps=args.profile_steps, profile_skip=args.profile_skip)
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        access_log=settings.access_log, lifespan="on", timeout_graceful_shutdown=settings.graceful_timeout_s))
+        access_log=settings.access_log, lifespan="on", timeout_keep_alive=settings.keep_alive_s,
+        timeout_graceful_shutdown=settings.graceful_timeout_s))
     # SIGTERM/SIGINT: stop accepting, answer the requests in flight, run the lifespan shutdown.
     stopped_by = run_until_signal(server)
     if not server.started:

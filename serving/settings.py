@@ -46,6 +46,11 @@ class ServeSettings(BaseModel):
     """Served batches (graph calls) the profile records."""
     profile_skip: int = Field(5, ge=0)
     """Served batches before the profile starts (the first ones may still compile)."""
+    keep_alive_s: float = Field(75.0, gt=0.0)
+    """How long an idle keep-alive connection stays open. Longer than a pooled client's own idle
+    expiry (httpx: 5 s), so the client drops a connection before the server closes it: with
+    uvicorn's 5 s default both timers ran out together, and a request sent on the closing
+    connection failed with a reset (seen under load with 32 pooled clients)."""
     graceful_timeout_s: float = Field(30.0, gt=0.0)
     """On SIGTERM, how long in-flight requests get to finish before connections are closed."""
 

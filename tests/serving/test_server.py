@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 import httpx
 import hypothesis
@@ -280,6 +282,37 @@ def test_32_concurrent_clients_are_batched_without_errors(server: ServerProcess,
     ok = (metric(after, "rlstack_serve_requests_total", route="/v1/act", status="200")
           - metric(before, "rlstack_serve_requests_total", route="/v1/act", status="200"))
     assert ok == n_clients * n_requests
+
+
+
+def test_an_idle_keep_alive_connection_outlives_a_pooled_clients_expiry(server: ServerProcess) -> None:
+    """One TCP connection, idle for longer than httpx's pool keeps one (5 s), still answers: the
+    server closes idle connections after --keep-alive-s (75 s), so a pooled client drops its
+    connection first and never sends on one the server is closing."""
+    url = urlsplit(server.url)
+    body = json.dumps({"obs": [0.01, -0.02, 0.03, 0.04], "seed": 1}).encode()
+    request = (f"POST /v1/act HTTP/1.1\r\nHost: {url.hostname}\r\nAuthorization: Bearer {TOKEN}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def exchange(sock: socket.socket) -> bytes:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed by the server after {data!r}"
+            data += chunk
+        head, rest = data.split(b"\r\n\r\n", 1)
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed mid-body"
+            rest += chunk
+        return head.split(b"\r\n", 1)[0]
+
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        assert exchange(sock) == b"HTTP/1.1 200 OK"
+        time.sleep(6.0)
+        assert exchange(sock) == b"HTTP/1.1 200 OK"
 
 
 # ----- bad input ---------------------------------------------------------------------------------
