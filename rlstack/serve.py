@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep-alive-s", type=float, default=75.0,
                         help="seconds an idle keep-alive connection stays open (default 75: longer than "
                              "pooled clients keep theirs)")
+    parser.add_argument("--replicas", type=int, default=1, metavar="N",
+                        help="copies of the server: 1 (default) runs it in this process; N >= 2 runs it on N "
+                             "Ray Serve replicas behind Serve's HTTP proxy on --host/--port (needs "
+                             "pip install -e \".[ray]\")")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="with --replicas >= 2: join the Ray cluster at ADDR (e.g. 'auto' or "
+                             "HOST:6379) instead of starting a local one bound to loopback")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu", "ascend"), help="MindSpore device")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--access-log", action="store_true", help="log every request (costs CPU at high rates)")
@@ -96,10 +103,25 @@ def main(argv: list[str] | None = None) -> int:
             keep_alive_s=args.keep_alive_s,
             device=args.device, log_level=args.log_level, access_log=args.access_log,
             profile_dir=profile_dir_for(args.policy) if args.profile else None,
-            profile_steps=args.profile_steps, profile_skip=args.profile_skip)
+            profile_steps=args.profile_steps, profile_skip=args.profile_skip,
+            replicas=args.replicas, ray_address=args.ray_address)
     except ValidationError as err:
         problems = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in err.errors())
         print(f"error: {problems}", file=sys.stderr)
+        return 2
+    if settings.replicas > 1:
+        if settings.profile_dir is not None:
+            print("error: --profile profiles one server process; use it with --replicas 1", file=sys.stderr)
+            return 2
+        from rlstack.serving.replicas import prepare_ray  # Ray itself is imported by prepare_ray
+
+        problem = prepare_ray(settings)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    elif settings.ray_address is not None:
+        print("error: --ray-address needs --replicas >= 2 (one replica runs in this process, without Ray)",
+              file=sys.stderr)
         return 2
     # Imported late: `--help` and usage errors should not pay for MindSpore and uvicorn.
     from rlstack.artifact import ArtifactError, check_manifest, read_manifest, resolve_version_dir
@@ -111,15 +133,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    import uvicorn
-
-    from rlstack.serving.app import create_app
-
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("rlstack.serve")
     if not _is_loopback(settings.host):
         log.warning("binding %s: the server is reachable from other machines%s", settings.host,
                     "" if settings.token else " and has no token (--token or $" + TOKEN_ENV + ")")
+    if settings.replicas > 1:
+        from rlstack.serving.replicas import run_replicas  # imports Ray: only for --replicas >= 2
+
+        if settings.reload_poll_s == 0:
+            log.warning("--reload-poll-s 0 with %d replicas: POST /v1/reload reaches only the replica Serve "
+                        "routes it to; the others keep serving their version", settings.replicas)
+        return run_replicas(settings, switch_interval_s=GIL_SWITCH_INTERVAL_S)
+
+    import uvicorn
+
+    from rlstack.serving.app import create_app
+
     # The graph thread has to win the GIL back from a busy event loop several times per graph
     # call; at Python's default 5 ms switch interval that made a call ~20-35 ms under load (64
     # clients), at 0.5 ms ~2x shorter, with ~2x the requests/s (measured; 1 ms and 0.2 ms were

@@ -53,6 +53,11 @@ class ServeSettings(BaseModel):
     connection failed with a reset (seen under load with 32 pooled clients)."""
     graceful_timeout_s: float = Field(30.0, gt=0.0)
     """On SIGTERM, how long in-flight requests get to finish before connections are closed."""
+    replicas: int = Field(1, ge=1, le=1024)
+    """Copies of the app: 1 runs it in this process under uvicorn; N >= 2 on N Ray Serve replicas
+    behind Serve's HTTP proxy (serving/replicas.py). Not read by the app itself."""
+    ray_address: str | None = Field(None, min_length=1)
+    """With replicas >= 2: the Ray cluster to join (None: start a local one bound to loopback)."""
 
     @property
     def max_wait_s(self) -> float:

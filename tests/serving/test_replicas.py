@@ -1,0 +1,237 @@
+"""`python -m rlstack.serve RUN --replicas 2` end to end: a real local Ray cluster started by the
+command, two Ray Serve replicas of the policy server's app behind Serve's HTTP proxy on a free
+loopback port, real HTTP; the policy comes from the same short training run as test_server.py's.
+
+Answers are compared to `load_policy(...).act(...)` as test_server.py explains (bitwise for a lone
+request, at 1e-5 on logp/value when requests may have shared a graph call). The answering replica
+is named by the `x-rlstack-replica` response header that only `--replicas N` adds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from tests.serving import test_server
+from tests.serving.test_server import (
+    AUTH,
+    OBS_DIM,
+    TOKEN,
+    References,
+    ServerProcess,
+    assert_close_to_reference,
+    publish,
+    wait_for,
+)
+
+trained_run = test_server.trained_run  # the same short PPO run (a session fixture, found by name)
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                reason='Ray is not installed (pip install -e ".[ray]")')
+
+REPLICAS = 2
+REPLICA = "x-rlstack-replica"
+
+
+@pytest.fixture(scope="module")
+def serve_root(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory the tests publish into; it starts with v000001 only."""
+    root = tmp_path_factory.mktemp("replicas_root")
+    (root / "policy").mkdir()
+    publish(trained_run / "policy" / "v000001", root / "policy", "v000001")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(serve_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Two replicas; token from the environment, batching window 5 ms, LATEST polled every 0.2 s."""
+    proc = ServerProcess([str(serve_root), "--replicas", str(REPLICAS), "--max-wait-ms", "5",
+                          "--max-body-bytes", "65536", "--reload-poll-s", "0.2"],
+                         tmp_path_factory.mktemp("replicas_log") / "server.log", env={"RLSTACK_TOKEN": TOKEN})
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def refs(serve_root: Path) -> References:
+    return References(serve_root / "policy")
+
+
+class Clients:
+    """Client threads sending seeded single-observation requests until stopped; each answer is kept
+    as (status, replica, obs, seed, body)."""
+
+    def __init__(self, url: str, n: int):
+        self.url, self.stop = url, threading.Event()
+        self.results: list[list[tuple[int, str, np.ndarray, int, dict]]] = [[] for _ in range(n)]
+        self.threads = [threading.Thread(target=self._send, args=(k,)) for k in range(n)]
+
+    def _send(self, k: int) -> None:
+        rng = np.random.default_rng(100 + k)
+        with httpx.Client(base_url=self.url, headers=AUTH, timeout=60.0) as c:
+            j = 0
+            while not self.stop.is_set():
+                obs, seed = rng.normal(size=OBS_DIM).astype(np.float32), 10_000 * k + j
+                try:
+                    r = c.post("/v1/act", json={"obs": obs.tolist(), "seed": seed})
+                    self.results[k].append((r.status_code, r.headers.get(REPLICA, ""), obs, seed, r.json()))
+                except (httpx.HTTPError, ValueError) as err:  # a failed request is a result too
+                    self.results[k].append((0, "", obs, seed, {"error": repr(err)}))
+                j += 1
+
+    def __enter__(self) -> Clients:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def answers(self) -> list[tuple[int, str, np.ndarray, int, dict]]:
+        return [r for rs in self.results for r in rs]
+
+    def last_version_by_replica(self) -> dict[str, str]:
+        last: dict[str, str] = {}
+        for rs in self.results:  # per client in order; any client's latest answer from a replica
+            for status, replica, _, _, body in rs:
+                if status == 200:
+                    last[replica] = max(last.get(replica, ""), body["policy_version"])
+        return last
+
+
+# ----- the cluster -----------------------------------------------------------------------------
+
+def test_ray_runs_on_loopback_only(server: ServerProcess) -> None:
+    # The nodes the command's own Ray cluster reports (ray.nodes()' NodeManagerAddress, logged) ...
+    nodes = re.search(r"Ray \S+ started here \(nodes: ([^)]*)\)", server.log())
+    assert nodes, server.log()
+    addresses = nodes.group(1).split(", ")
+    assert addresses == ["127.0.0.1"], addresses
+    # ... and every socket the server's process tree (driver, GCS, raylet, agents, Serve's
+    # controller and proxy, the replicas) listens on, but one: Ray Serve 2.60 starts each replica's
+    # inter-deployment gRPC server on "[::]:0" whatever the node address (serve/_private/replica.py,
+    # not configurable; Ray's token authentication guards it). Exactly one such port per replica.
+    tree = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(True)]
+    listening = {(p.name(), c.laddr.ip, c.laddr.port) for p in tree for c in _listening(p)}
+    exposed = {s for s in listening if s[1] not in ("127.0.0.1", "::ffff:127.0.0.1")}
+    assert len(exposed) == REPLICAS and all(name.startswith("ray::ServeReplica") and ip == "::"
+                                            for name, ip, _ in exposed), exposed
+    assert len(listening) > 2 * REPLICAS
+    assert any(port == int(server.url.rsplit(":", 1)[1]) for _, ip, port in listening if ip == "127.0.0.1")
+
+
+def _listening(proc: psutil.Process) -> list:
+    try:
+        return [c for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:  # a worker that exited meanwhile
+        return []
+
+
+# ----- answers ---------------------------------------------------------------------------------
+
+def test_two_replicas_answer_as_load_policy_act(server: ServerProcess, refs: References) -> None:
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30.0) as client:
+        # Lone requests run at batch size 1 on whichever replica: bitwise the reference.
+        obs = np.random.default_rng(7).normal(size=(6, OBS_DIM)).astype(np.float32)
+        for i, o in enumerate(obs):
+            r = client.post("/v1/act", json={"obs": o.tolist(), "seed": 1000 + i})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            ref = refs(body["policy_version"]).act(o, seed=1000 + i)
+            assert (body["action"], np.float32(body["logp"]), np.float32(body["value"])) == \
+                (int(ref.action), ref.logp, ref.value)
+        batch = np.random.default_rng(8).normal(size=(16, OBS_DIM)).astype(np.float32)
+        body = client.post("/v1/act", json={"obs": batch.tolist(), "seed": 99}).json()
+        ref = refs(body["policy_version"]).act(batch, seed=99)
+        assert body["action"] == ref.action.tolist()
+        np.testing.assert_array_equal(np.array(body["logp"], np.float32), ref.logp)
+    # Concurrent clients: Serve spreads them over both replicas, each batching its share.
+    with Clients(server.url, 8) as clients:
+        wait_for(lambda: len(clients.answers()) >= 400 and len(clients.last_version_by_replica()) == REPLICAS,
+                 60, "answers from both replicas")
+    answers = clients.answers()
+    assert [a[0] for a in answers] == [200] * len(answers), [a[4] for a in answers if a[0] != 200][:3]
+    per_replica = {rep: sum(a[1] == rep for a in answers) for rep in {a[1] for a in answers}}
+    assert len(per_replica) == REPLICAS and all(n >= 20 for n in per_replica.values()), per_replica
+    assert_close_to_reference([(o, seed, body) for _, _, o, seed, body in answers], refs)
+    print(f"{len(answers)} concurrent answers by replica: {per_replica}")
+
+
+def test_guards_and_routes_are_the_apps(server: ServerProcess) -> None:
+    good = {"obs": [0.0] * OBS_DIM}
+    with httpx.Client(base_url=server.url, timeout=30.0) as anon:
+        r = anon.post("/v1/act", json=good)
+        assert r.status_code == 401 and r.json()["error"] == "missing Authorization header"
+        assert anon.get("/healthz").status_code == 200  # the one route without the token
+        big = anon.post("/v1/act", content=b"[" + b"0.0," * 20_000 + b"0.0]", headers=AUTH)
+        assert big.status_code == 413 and "65536" in big.json()["expected"]
+        bad = anon.post("/v1/act", json={"obs": [1.0, 2.0]}, headers=AUTH)
+        assert bad.status_code == 422 and "[4]" in bad.json()["expected"]
+        manifest = anon.get("/v1/policy", headers=AUTH).json()
+        assert manifest["observation_space"]["shape"] == [OBS_DIM]
+        metrics = anon.get("/metrics", headers=AUTH)
+        assert metrics.status_code == 200 and "rlstack_serve_requests_total" in metrics.text
+        assert REPLICA in metrics.headers
+
+
+# ----- hot reload --------------------------------------------------------------------------------
+
+def test_a_new_version_reaches_every_replica_while_clients_send(
+        server: ServerProcess, serve_root: Path, trained_run: Path, refs: References) -> None:
+    with Clients(server.url, 6) as clients:
+        wait_for(lambda: len(clients.last_version_by_replica()) == REPLICAS, 30, "answers from both replicas")
+        assert set(clients.last_version_by_replica().values()) == {"v000001"}
+        publish(trained_run / "policy" / "v000002", serve_root / "policy", "v000002")
+        wait_for(lambda: set(clients.last_version_by_replica().values()) == {"v000002"}, 60,
+                 "both replicas to answer with v000002")
+        seen = len(clients.answers())
+        wait_for(lambda: len(clients.answers()) > seen + 60, 30, "more answers")
+    answers = clients.answers()
+    assert [a[0] for a in answers] == [200] * len(answers), [a[4] for a in answers if a[0] != 200][:3]
+    by_replica: dict[str, set[str]] = {}
+    for _, replica, _, _, body in answers:
+        by_replica.setdefault(replica, set()).add(body["policy_version"])
+    assert len(by_replica) == REPLICAS and all(v == {"v000001", "v000002"} for v in by_replica.values()), by_replica
+    assert_close_to_reference([(o, seed, body) for _, _, o, seed, body in answers], refs)
+    # Each replica logged its own reload (Ray forwards the replicas' lines to the command's log).
+    wait_for(lambda: len(re.findall(r"reload: now serving v000002", server.log())) == REPLICAS, 10,
+             "both replicas' reload lines in the log")
+    print(f"hot reload on {REPLICAS} replicas under load: {len(answers)} requests, 0 failed")
+
+
+# ----- the command -------------------------------------------------------------------------------
+
+def test_sigterm_drains_every_replica_and_stops_ray(server: ServerProcess) -> None:
+    tree = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(True)]
+    assert len(tree) > REPLICAS + 3  # driver, GCS, raylet, Serve's controller and proxy, replicas
+    t0 = time.monotonic()
+    assert server.stop(timeout_s=60) == 0, server.log()
+    log = server.log()
+    assert len(re.findall(r"drained: every accepted request was answered", log)) == REPLICAS, log
+    assert "stopped: Serve and Ray shut down; exit 0" in log
+    _, alive = psutil.wait_procs(tree, timeout=20)
+    assert not alive, [p.info for p in alive]
+    print(f"SIGTERM to exit: {time.monotonic() - t0:.1f} s; no process of the server left")
+
+
+def test_without_ray_the_cli_names_the_install_command(trained_run: Path) -> None:
+    # A fresh interpreter where `import ray` fails, as when the extra is not installed.
+    code = ("import sys; sys.modules['ray'] = None; from rlstack.serve import main; "
+            f"sys.exit(main([{str(trained_run)!r}, '--replicas', '2']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert 'pip install -e ".[ray]"' in done.stderr and "Ray Serve" in done.stderr
+    assert "Uvicorn running" not in done.stderr + done.stdout
