@@ -178,6 +178,30 @@ def resolve_version_dir(path: str | Path) -> Path:
                         f"(no {MANIFEST_FILE}, no LATEST, no policy/LATEST)")
 
 
+def version_files(path: str | Path) -> dict[str, bytes]:
+    """One version's files as bytes (manifest and graph), to send where the run directory is
+    not: the receiver writes them with `write_version` and loads them with `load_graph`, which
+    verifies the sha256 the manifest records, as for a version read from disk."""
+    version_dir = resolve_version_dir(path)
+    manifest = read_manifest(version_dir)
+    names = (MANIFEST_FILE, manifest["graph_file"])
+    try:
+        return {name: (version_dir / name).read_bytes() for name in names}
+    except OSError as err:
+        raise ArtifactError(f"{version_dir} cannot be read: {err}") from None
+
+
+def write_version(files: dict[str, bytes], dest: str | Path) -> Path:
+    """Write a version sent as `version_files` to `dest` (a new directory, written atomically)."""
+    allowed = {MANIFEST_FILE, GRAPH_FILE}
+    if set(files) - allowed or MANIFEST_FILE not in files:
+        raise ArtifactError(f"a policy version is sent as {', '.join(sorted(allowed))}; got {', '.join(sorted(files))}")
+    with atomic_directory(dest) as tmp:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+    return Path(dest)
+
+
 _REQUIRED = ("format_version", "version", "algorithm", "observation_space", "action_space", "noise",
              "dtype", "mindspore_version", "device", "fusion", "sha256", "graph_file")
 

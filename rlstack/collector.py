@@ -205,6 +205,11 @@ class Collector:
         return returns, lengths, env_s, act_s
 
 
+class ActorError(RuntimeError):
+    """An actor failed, stopped answering, or could not be started (its backend says why; a
+    failure inside an actor carries its traceback)."""
+
+
 @dataclass(frozen=True)
 class ActorSpec:
     """Everything an actor (a collector in another process) needs; picklable."""

@@ -214,6 +214,20 @@ class SelfPlayConfig:
 
 
 @dataclass
+class RayConfig:
+    address: str | None = None
+    """Unset: start a Ray instance on this machine (bound to 127.0.0.1); `auto` or `host:port`:
+    join that running cluster (`ray start --head` on one machine, `ray start --address` on the others)."""
+    cpus_per_actor: float = 1.0
+    """CPUs Ray reserves for each actor (its scheduling; an actor steps its envs on one core)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each actor needs, e.g. `{rollout: 1}` to place actors only on nodes
+    started with `ray start --resources='{"rollout": 8}'`."""
+    max_restarts: int = 100
+    """How often Ray restarts an actor whose process died; the chunk it was collecting is lost."""
+
+
+@dataclass
 class Config:
     algo: str = "ppo"
     """Algorithm name in the registry (`ppo`, `dqn`, `sac`)."""
@@ -229,6 +243,10 @@ class Config:
     actors: int = 0
     """0: collect in the learner process (still through the exported graph); N >= 1: N actor
     processes, each stepping its own env.n_envs envs and streaming rollouts to the learner."""
+    actors_backend: str = "process"
+    """Where the actors run: `process` (processes on this machine, weights and chunks through
+    shared memory) or `ray` (Ray actors on a Ray cluster, everything through Ray's object store)."""
+    ray: RayConfig = field(default_factory=RayConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     net: NetConfig = field(default_factory=NetConfig)
     train: Any = field(default_factory=TrainConfig)
@@ -238,6 +256,7 @@ class Config:
 _CHOICES = {
     "device": ("cpu", "gpu", "ascend"),
     "fusion": ("auto", "on", "off"),
+    "actors_backend": ("process", "ray"),
     "parity": ("fast", "strict"),
     "env.vector": ("sync", "async"),
     "env.vectorization": ("auto", "native", "per_env"),
@@ -355,6 +374,15 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"'env.n_envs' must be >= 1, got {cfg.env.n_envs}")
     if cfg.actors < 0:
         raise ConfigError(f"'actors' must be >= 0 (0: collect in the learner process), got {cfg.actors}")
+    if cfg.actors and cfg.actors_backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("actors_backend: ray needs Ray, which is not installed: pip install -e \".[ray]\" "
+                              "(or use actors_backend: process)")
+        if cfg.ray.cpus_per_actor < 0 or cfg.ray.max_restarts < -1:
+            raise ConfigError(f"'ray.cpus_per_actor' must be >= 0 and 'ray.max_restarts' >= -1 (-1: no limit), got "
+                              f"{cfg.ray.cpus_per_actor} and {cfg.ray.max_restarts}")
     batch_size = getattr(cfg.train, "batch_size", None)
     if cfg.parity == "strict" and batch_size is not None:
         _check_strict_batch(batch_size)
@@ -401,7 +429,7 @@ def describe(algo: str = "ppo") -> str:
 
 def _doc(algo: str, key: str) -> str:
     classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": registry.help_config(algo),
-               "selfplay": SelfPlayConfig}
+               "selfplay": SelfPlayConfig, "ray": RayConfig}
     section, _, name = key.rpartition(".")
     cls = classes.get(section)
     return field_docs(cls).get(name, "") if cls else ""

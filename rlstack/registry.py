@@ -127,8 +127,11 @@ def names() -> list[str]:
 
 ACTOR_BACKENDS = "rlstack.actor_backends"
 """The entry-point group of actor backends (`pyproject.toml`): name -> a class called as
-`Backend(spec: rlstack.collector.ActorSpec, n_actors, layout, chunk_specs)` that returns a
-context manager with `publish(weights, updates, explore)`, `start()` and `get() -> Trajectory`."""
+`Backend(spec: rlstack.collector.ActorSpec, n_actors, layout, chunk_specs, **options)` that returns a
+context manager with `publish(weights, updates, explore)`, `start()` and `get() -> Trajectory`;
+`options` are the fields of the config section named after the backend (`ray:`), if there is one.
+Optionally `stats() -> dict` (`actors/...` scalars the trainer logs) and `pop_messages() -> list[str]`
+(lines for the run log, e.g. an actor restarted)."""
 
 
 def actor_backend(name: str) -> Callable[..., Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,12 @@ def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_
                      vectorization=cfg.env.vectorization,
                      env_kwargs=dict(cfg.env.kwargs), device=cfg.device, fusion=cfg.fusion,
                      off_policy=not algo.on_policy)
-    pool = registry.actor_backend("process")(spec, cfg.actors, layout,
-                                             chunk_specs(algo, cfg.env.n_envs, obs_space, action_space))
+    # Backend options are the config section named after the backend (`ray:`), if it has one.
+    section = getattr(cfg, cfg.actors_backend, None)
+    options = dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
+    pool = registry.actor_backend(cfg.actors_backend)(spec, cfg.actors, layout,
+                                                      chunk_specs(algo, cfg.env.n_envs, obs_space, action_space),
+                                                      **options)
 
     def publish() -> None:
         explore = not algo.on_policy and counters.steps < cfg.train.learning_starts

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imported late: `--help` and `--help-keys` do not pay for loading MindSpore.
     from rlstack.artifact import ArtifactError
     from rlstack.checkpoints import CheckpointError
+    from rlstack.collector import ActorError
     from rlstack.runtime import DeviceError
     from rlstack.trainer import ResumeError, Trainer
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 window.close()
         if "stopped_by" in summary:  # SIGINT / SIGTERM: saved, then the conventional 128 + signal
             return 128 + int(signal.Signals[summary["stopped_by"]])
-    except (ConfigError, EnvError, DeviceError, ResumeError, CheckpointError, ArtifactError) as err:
+    except (ConfigError, EnvError, DeviceError, ResumeError, CheckpointError, ArtifactError, ActorError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -76,6 +76,8 @@ class Trainer:
         self.obs_rms = RunningMeanStd(self.obs_space.shape) if cfg.net.normalize_obs else None
         self.counters = Counters()
         self.split = TimeSplit()
+        self.actor_stats: dict[str, float] = {}
+        """The actor backend's `actors/…` scalars (e.g. restarts), logged with each update and in summary.json."""
         self.history: list[tuple[int, float | None, float]] = []
         """(steps, recent mean episode return, seconds since start) after every update."""
         self.update_hooks: list[Callable[[Counters], None]] = []
@@ -196,6 +198,7 @@ class Trainer:
             self.log.message(f"final policy: the network of the best evaluation ({best.mean_return:.2f} at "
                              f"{best.steps:,} steps)")
         summary = self._summarize(self.export(), best is not None, elapsed, start_steps)
+        summary.update(self.actor_stats)
         if selfplay is not None:
             summary.update(selfplay.finish(self.counters, again=best is not None))
         self.log.close()
@@ -206,7 +209,8 @@ class Trainer:
         if self.cfg.actors:
             source, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
                                            self.counters, self.obs_space, self.action_space)
-            self.log.message(f"actors: {self.cfg.actors} processes x {self.cfg.env.n_envs} envs, chunks of "
+            kind = "processes" if self.cfg.actors_backend == "process" else f"{self.cfg.actors_backend} actors"
+            self.log.message(f"actors: {self.cfg.actors} {kind} x {self.cfg.env.n_envs} envs, chunks of "
                              f"{self.algo.chunk_steps} steps")
             if self.ckpt.resumed_from is not None:
                 self.log.message("resumed with actors: their environments start from a fresh reset and chunks "
@@ -258,6 +262,9 @@ class Trainer:
         start = time.perf_counter()
         traj = source.get()
         waited = time.perf_counter() - start
+        for line in getattr(source, "pop_messages", list)():
+            self.log.message(line)
+        self.actor_stats = getattr(source, "stats", dict)()
         if traj.actor < 0:  # collected here: the collector's own split
             self.split.env += traj.env_seconds
             self.split.act += waited - traj.env_seconds
@@ -304,7 +311,7 @@ class Trainer:
             start = time.perf_counter()
             metrics = algo.learn(traj, progress, self.rng)
             self.split.learn += time.perf_counter() - start
-            metrics.update(traj.staleness(self.counters.updates))
+            metrics.update(traj.staleness(self.counters.updates), **self.actor_stats)
             self._learned(metrics, publish)
 
     def _learn_off_policy(self, source: Any, publish: Callable[[], None], total: int) -> None:
@@ -325,7 +332,7 @@ class Trainer:
         logged, stale = self._logged, {}
         while c.steps < total and self.stop.received is None:
             traj = self._receive(source)
-            stale = traj.staleness(self.counters.updates)
+            stale = {**traj.staleness(self.counters.updates), **self.actor_stats}
             for t in range(len(traj.version)):
                 replay.add(traj.obs[t], traj.action[t], traj.reward[t], traj.next_obs[t], traj.terminated[t],
                            traj.truncated[t])

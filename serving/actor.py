@@ -28,12 +28,8 @@ import numpy as np
 
 from rlstack.acting import Layout, PolicyWatcher, load_policy
 from rlstack.artifact import ArtifactError
-from rlstack.collector import ActorSpec, ArraySpec, Collector, Trajectory
+from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory
 from rlstack.serving.shm import SharedArrays, WeightBoard
-
-
-class ActorError(RuntimeError):
-    """An actor process failed or stopped answering; the message carries its traceback."""
 
 
 class _Ready(NamedTuple):
@@ -165,7 +161,7 @@ class ActorPool:
                 q.put(i)
         self.processes = [
             ctx.Process(target=_actor_main, name=f"rlstack-actor-{i}", daemon=True,
-                        args=(i, _actor_spec(spec, i), layout, self.board.name, self.lock,
+                        args=(i, actor_spec(spec, i), layout, self.board.name, self.lock,
                               [s.name for s in self.slots[i]], self.slot_specs, self.free[i], self.ready, self.stop,
                               signal_grace_s))
             for i in range(n_actors)]
@@ -233,6 +229,6 @@ class ActorPool:
         self.close()
 
 
-def _actor_spec(spec: ActorSpec, index: int) -> ActorSpec:
+def actor_spec(spec: ActorSpec, index: int) -> ActorSpec:
     """Actor i's own seed (envs and noise), far from the learner's and the other actors'."""
     return dataclasses.replace(spec, seed=spec.seed + 10_007 * (index + 1))

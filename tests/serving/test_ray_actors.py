@@ -1,0 +1,231 @@
+"""The Ray actor backend on a real two-node Ray cluster on this machine (`ray.cluster_utils.Cluster`:
+a head node with no CPUs for actors and one worker node, so every actor runs on the worker node),
+bound to 127.0.0.1 only: PPO learns with two Ray actors while one is killed, strict parity stays
+bitwise, and a missing Ray or an unreachable cluster is refused before training starts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlstack.bench.seeds import LEARNING_RUNS
+from rlstack.config import ConfigError, load_config
+
+pytestmark = pytest.mark.slow
+
+# Before Ray starts: a local cluster's nodes then bind 127.0.0.1, not the machine's interface address.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+from ray.cluster_utils import Cluster  # noqa: E402 (the ray extra, installed by .ci/run)
+
+ACTOR_TITLE = b"ray::_Collector"
+"""How a Ray actor process of this backend names itself (Ray sets the process title to the class,
+and appends the method it is running)."""
+
+
+class TwoNodes:
+    def __init__(self, cluster: Cluster, worker_node_id: str):
+        self.cluster, self.worker_node_id = cluster, worker_node_id
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[TwoNodes]:
+    import ray
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    worker = cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address)
+    try:
+        nodes = ray.nodes()
+        assert len(nodes) == 2 and all(n["Alive"] for n in nodes)
+        # Loopback only: every node, and the address the learner joins, is 127.0.0.1.
+        assert {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}, nodes
+        assert cluster.address.startswith("127.0.0.1:")
+        yield TwoNodes(cluster, worker.node_id)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _actor_pids() -> dict[int, bytes]:
+    """Process id -> title of this backend's Ray actors (`ray::_Collector`, `ray::_Collector.collect`
+    while collecting a chunk)."""
+    pids = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if title.startswith(ACTOR_TITLE):
+                pids[int(entry.name)] = title
+    return pids
+
+
+def _placement(out: str) -> list[str]:
+    """Node ids (12-character prefixes) of the actors, from the run's `ray actors:` line."""
+    line = next(line for line in out.splitlines() if line.startswith("ray actors: "))
+    return re.findall(r"on node ([0-9a-f]{12})", line)
+
+
+@pytest.mark.learning
+def test_ppo_solves_cartpole_with_two_ray_actors_one_killed_mid_run(cluster, tmp_path, capfd):
+    """The process backend's learning test (tests/serving/test_actor.py) on Ray actors, with one
+    actor SIGKILLed after the run is under way: Ray restarts it, the chunk it was collecting is
+    lost (never half-added or added twice), and the run still reaches the threshold."""
+    killed: list[int] = []
+
+    def kill_one_actor() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            pids = _actor_pids()
+            if len(pids) == 2 and any(title.endswith(b".collect") for title in pids.values()):
+                time.sleep(10.0)  # mid-run: ~15k of the 100k steps
+                victim = min(pids)
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_one_actor, daemon=True)
+    killer.start()
+    summary = LEARNING_RUNS["ppo_ray_actors"].train(0, tmp_path / "run", (f"ray.address={cluster.address}",))
+    killer.join(5)
+    out = capfd.readouterr().out
+    assert killed, "no actor process was found to kill"
+    assert summary["actors/restarts"] == 1, out[-3000:]
+    assert re.search(rf"actor \d was restarted by Ray \(process {killed[0]} died, now \d+; restart 1\)", out)
+    # Every update consumed one whole chunk of 8 envs x 32 steps: nothing lost was counted.
+    assert summary["total_steps"] == summary["updates"] * 8 * 32
+    assert summary["total_steps"] <= 100_000 + 256
+    assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
+    assert set(_placement(out)) == {cluster.worker_node_id[:12]}  # both actors on the worker node
+    assert not _actor_pids()  # the pool stopped its actors
+
+
+def test_ray_actors_act_bitwise_as_the_strict_learner_and_follow_published_weights(cluster, tmp_path):
+    """Two Ray actors on the worker node run the exported graph, sent to them as bytes: under
+    `parity: strict` the logp they record equals the learner's own logp of the same actions bit
+    for bit, before and after new weights are published through the object store."""
+    import gymnasium as gym
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+
+    from rlstack.acting import load_policy, weights_of
+    from rlstack.algorithms.ppo import LearnerLogp
+    from rlstack.artifact import export_policy
+    from rlstack.collector import ActorSpec, trajectory_specs
+    from rlstack.network import NetSpec, Network
+    from rlstack.serving.ray_actors import RayActorPool
+
+    env = gym.make("CartPole-v1")
+    ms.set_seed(0)
+    net = Network(env.observation_space, env.action_space, NetSpec(batch_invariant=True))
+    learner_logp = LearnerLogp(net)  # before the export: wrapping the network renames its parameters
+    bootstrap = export_policy(net, tmp_path / "bootstrap", algorithm="ppo", obs_space=env.observation_space,
+                              action_space=env.action_space, device="cpu", fusion=False, config_hash="t")
+    layout = load_policy(bootstrap).layout
+    # No shared disk assumed: the actors get the graph as bytes, not this path.
+    spec = ActorSpec(env_id="CartPole-v1", n_envs=8, steps=32, policy_dir=str(tmp_path / "absent"),
+                     bootstrap=str(bootstrap), seed=5)
+
+    def assert_bitwise(traj) -> None:
+        obs, action = traj.obs.reshape(256, 4), traj.action.reshape(256)
+        expected = learner_logp(Tensor(obs), Tensor(action)).asnumpy()
+        np.testing.assert_array_equal(traj.logp.reshape(256), expected)
+
+    with RayActorPool(spec, 2, layout, trajectory_specs(32, 8, (4,), (), "int32", False),
+                      address=cluster.address) as pool:
+        pool.publish(weights_of(net, layout), 0)
+        pool.start()
+        assert {node for node, _ in pool.placement} == {cluster.worker_node_id}
+        first = [pool.get(timeout=300) for _ in range(2)]
+        assert {t.actor for t in first} == {0, 1} and all(np.all(t.version == 0) for t in first)
+        for traj in first:
+            assert_bitwise(traj)
+
+        rng = np.random.default_rng(1)
+        for p in net.trainable_params():
+            p.set_data(Tensor(p.asnumpy() + 0.5 * rng.standard_normal(p.shape).astype(np.float32)))
+        pool.publish(weights_of(net, layout), 7)
+        fresh = []
+        for _ in range(8):  # each actor's call in flight still carries the old weights
+            traj = pool.get(timeout=300)
+            if traj.version[0] == 7:
+                fresh.append(traj)
+        assert {t.actor for t in fresh} == {0, 1}
+        for traj in fresh:
+            assert_bitwise(traj)
+        assert pool.stats() == {"actors/restarts": 0.0, "actors/failed_calls": 0.0}
+
+
+def test_an_actor_out_of_restarts_stops_training_with_a_clear_error(cluster, tmp_path):
+    import gymnasium as gym
+
+    from rlstack.acting import load_policy, weights_of
+    from rlstack.artifact import export_policy
+    from rlstack.collector import ActorError, ActorSpec, trajectory_specs
+    from rlstack.network import NetSpec, Network
+    from rlstack.serving.ray_actors import RayActorPool
+
+    env = gym.make("CartPole-v1")
+    net = Network(env.observation_space, env.action_space, NetSpec())
+    bootstrap = export_policy(net, tmp_path / "bootstrap", algorithm="ppo", obs_space=env.observation_space,
+                              action_space=env.action_space, device="cpu", fusion=False, config_hash="t")
+    layout = load_policy(bootstrap).layout
+    spec = ActorSpec(env_id="CartPole-v1", n_envs=1, steps=4, policy_dir=str(tmp_path / "absent"),
+                     bootstrap=str(bootstrap))
+    with RayActorPool(spec, 1, layout, trajectory_specs(4, 1, (4,), (), "int32", False), address=cluster.address,
+                      max_restarts=0) as pool:
+        pool.publish(weights_of(net, layout), 0)
+        pool.start()
+        pool.get(timeout=300)
+        os.kill(pool.placement[0][1], signal.SIGKILL)
+        with pytest.raises(ActorError, match=r"actor 0 is dead and Ray will not restart it \(ray.max_restarts=0"):
+            for _ in range(100):
+                pool.get(timeout=300)
+
+
+def test_strict_parity_run_with_ray_actors(cluster, tmp_path):
+    """A whole `parity: strict` training run on Ray actors: the export and the learner agree bit for bit."""
+    from rlstack.trainer import Trainer
+
+    cfg = load_config("ppo_cartpole", ["actors=2", "actors_backend=ray", f"ray.address={cluster.address}",
+                                       "parity=strict", "train.total_steps=4096", "train.progress=off",
+                                       "env.eval_episodes=2"])
+    summary = Trainer(cfg, tmp_path / "run").train()
+    assert summary["parity/max_abs_logp"] == 0.0 and summary["parity/bitwise"] == 1.0
+    assert summary["actors/restarts"] == 0 and summary["total_steps"] == summary["updates"] * 256
+
+
+def test_an_unreachable_ray_address_is_refused_before_training(tmp_path):
+    """A fresh process (Ray not yet initialised) pointed at a port where no cluster runs."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rlstack.train", "actors=1", "actors_backend=ray", "ray.address=127.0.0.1:9",
+         "train.total_steps=1000", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "could not reach the Ray cluster at ray.address='127.0.0.1:9'" in result.stderr + result.stdout
+    assert "ray start --head" in result.stderr + result.stdout
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_ray_not_installed_is_a_config_error_naming_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray imports
+    with pytest.raises(ConfigError, match=re.escape('pip install -e ".[ray]"')):
+        load_config("ppo_cartpole", ["actors=2", "actors_backend=ray"])
+    assert load_config("ppo_cartpole", ["actors=2"]).actors_backend == "process"
