@@ -47,13 +47,18 @@ RAY_INSTALL = 'pip install -e ".[ray]"'
 _RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
+def _is_loopback(address: str) -> bool:
+    return address == "localhost" or address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1")
+
+
 def prepare_ray(settings: ServeSettings) -> str | None:
     """Ready this process for Ray before it is first imported; the reason it cannot run (None: it can).
 
     Starts nothing: the CLI calls it before it checks the policy and before any process starts."""
     if importlib.util.find_spec("ray") is None:  # finding a top-level package imports nothing
         return f"--replicas {settings.replicas} runs on Ray Serve, which is not installed: {RAY_INSTALL}"
-    if settings.ray_address is None:  # a local cluster, started by run_replicas: loopback only
+    host = (settings.ray_address or "").rsplit(":", 1)[0]
+    if settings.ray_address is None or _is_loopback(host):  # a cluster on this machine's loopback
         if "ray" in sys.modules:
             return "Ray was imported before its loopback-only setting was made; start a fresh process"
         os.environ[_RAY_LOCAL_ONLY_ENV] = "0"
@@ -129,10 +134,6 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def _is_loopback(address: str) -> bool:
-    return address == "localhost" or address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1")
-
-
 def start_ray(settings: ServeSettings) -> bool:
     """Join the cluster at `settings.ray_address`, or start a local one on loopback; True if started here."""
     import ray
@@ -142,10 +143,11 @@ def start_ray(settings: ServeSettings) -> bool:
         return False
     if os.environ.get(_RAY_LOCAL_ONLY_ENV) != "0":
         raise RuntimeError("prepare_ray() must run before Ray is imported")
-    # _node_ip_address alone does not keep Ray on loopback (see _RAY_LOCAL_ONLY_ENV); it names
-    # the address Serve's replicas and proxy report. No dashboard. Enough CPUs declared for
-    # every replica to be placed (each asks for one).
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False,
+    # address="local": a new cluster even when $RAY_ADDRESS or a `ray start` cluster on this
+    # machine exists (ray.init() would join those). _node_ip_address alone does not keep Ray on
+    # loopback (see _RAY_LOCAL_ONLY_ENV). No dashboard. Enough CPUs declared for every replica to
+    # be placed (each asks for one).
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
              num_cpus=max(os.cpu_count() or 1, settings.replicas), logging_level=logging.WARNING)
     return True
 
@@ -183,12 +185,17 @@ def run_replicas(settings: ServeSettings, *, switch_interval_s: float) -> int:
     def listen() -> dict[int, Any]:
         return {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    previous = listen()
     port = settings.port or free_port(settings.host)
-    started_here = start_ray(settings)
+    # Until Ray is up a signal keeps its default effect: ray.init blocks in native code (a wrong
+    # --ray-address makes it retry for minutes), where a Python handler would never run.
+    try:
+        started_here = start_ray(settings)
+    except Exception as err:  # e.g. a refused --ray-address
+        log.error("cannot start or join Ray: %s: %s", type(err).__name__, err)
+        return 1
     # ray.init installs its own SIGTERM handler (it logs the signal and kills the process, with
-    # no shutdown of Serve): take the signals back.
-    listen()
+    # no shutdown of Serve): the signals are ours from here on.
+    previous = listen()
     status = 0
     try:
         nodes = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
@@ -196,8 +203,7 @@ def run_replicas(settings: ServeSettings, *, switch_interval_s: float) -> int:
                  ray.__version__, "started here" if started_here else f"joined at {settings.ray_address}",
                  ", ".join(nodes), settings.host, port, settings.replicas)
         if started_here and not all(map(_is_loopback, nodes)):
-            log.error("the local Ray node is not on loopback (%s): refusing to serve", ", ".join(nodes))
-            return 1
+            raise RuntimeError(f"the local Ray node is not on loopback ({', '.join(nodes)}): refusing to serve")
         serve.start(http_options={"host": settings.host, "port": port,
                                   "keep_alive_timeout_s": math.ceil(settings.keep_alive_s)})
         t0 = time.perf_counter()
