@@ -37,8 +37,10 @@ from tests.serving.test_server import (
 
 trained_run = test_server.trained_run  # the same short PPO run (a session fixture, found by name)
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                reason='Ray is not installed (pip install -e ".[ray]")')
+pytestmark = [
+    pytest.mark.slow,  # 40-60 s here: a Ray cluster, Serve and two replicas start once for the file
+    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='Ray is not installed (pip install -e ".[ray]")'),
+]
 
 REPLICAS = 2
 REPLICA = "x-rlstack-replica"
