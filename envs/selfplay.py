@@ -26,7 +26,8 @@ supplies the opponent that punishes every mistake, which self-play versions only
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -181,6 +182,8 @@ class OpponentPool:
         self.results: Counter[str] = Counter()
         """Learner's outcomes ('win', 'draw', 'loss') against the pool since the last admission."""
         self.totals: Counter[str] = Counter()
+        self.played: Counter[str] = Counter()
+        """Games per opponent name (versions, sparring partners), over the whole run."""
         self._loaded: dict[str, PolicyPlayer] = {}
         self.sparring: list[Player] = [make_player(spec, what) for what in self.settings.sparring]
 
@@ -204,6 +207,8 @@ class OpponentPool:
         """The learner's finished games: +1 win, 0 draw, -1 loss each, against `opponents`
         (names; games against sparring partners do not count towards the gate)."""
         o = np.asarray(outcomes).reshape(-1)
+        if opponents is not None:
+            self.played.update(opponents)
         sparring = {p.name for p in self.sparring}
         gate = o if opponents is None else o[[name not in sparring for name in opponents]]
         for key, count in (("win", (o > 0).sum()), ("draw", (o == 0).sum()), ("loss", (o < 0).sum())):
@@ -255,6 +260,40 @@ class OpponentPool:
             del self._loaded[name]
         return [n for n in self.names if n not in before]
 
+    # ----- a pool inside an actor: it follows the learner's pool and reports its games back -----
+
+    def follow(self, names: list[str], load: Callable[[str], Player]) -> None:
+        """Make the members the learner's pool names (an actor's pool: the learner decides who
+        plays, refresh() stays a no-op here). `load(name)` gives an exported version's player;
+        loaded versions are cached while they stay members."""
+        if self.fixed is not None or list(names) == self.names:
+            return
+        members = []
+        for name in names:
+            if name == "random":
+                members.append(RandomPlayer(self.spec))
+            else:
+                if name not in self._loaded:
+                    self._loaded[name] = load(name)
+                members.append(self._loaded[name])
+        self.members = members or [RandomPlayer(self.spec)]
+        for name in set(self._loaded) - set(self.names):
+            del self._loaded[name]
+
+    def take_record(self) -> dict[str, dict[str, int]]:
+        """The games recorded since the last call (for the learner's pool), then forget them."""
+        record = {"results": dict(self.results), "totals": dict(self.totals), "played": dict(self.played)}
+        self.results.clear()
+        self.totals.clear()
+        self.played.clear()
+        return record
+
+    def add_record(self, record: dict[str, dict[str, int]]) -> None:
+        """Count games an actor's pool recorded (`take_record`) as if played here."""
+        self.results.update(record.get("results", {}))
+        self.totals.update(record.get("totals", {}))
+        self.played.update(record.get("played", {}))
+
     def player(self, name: str) -> Player | None:
         """The opponent called `name`: a member, a sparring partner, the random player the pool
         starts with, or an exported version still on disk (games in progress may be against a
@@ -269,12 +308,30 @@ class OpponentPool:
         return None
 
     def state(self) -> dict[str, Any]:
-        return {"gated": list(self.gated), "results": dict(self.results), "totals": dict(self.totals)}
+        return {"gated": list(self.gated), "results": dict(self.results), "totals": dict(self.totals),
+                "played": dict(self.played)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.gated = list(state.get("gated", []))
         self.results = Counter(state.get("results", {}))
         self.totals = Counter(state.get("totals", {}))
+        self.played = Counter(state.get("played", {}))
+
+
+def follower_pool(envs: Any, settings: dict[str, Any] | None) -> OpponentPool | None:
+    """In an actor: give a self-play vector env a pool that follows the learner's (`settings`:
+    the learner pool's `PoolSettings` as a dict, `pool_settings`); None for other envs."""
+    if settings is None or not isinstance(envs, SelfPlayVectorEnv):
+        return None
+    pool = OpponentPool(envs.game, None, PoolSettings(**{**settings, "sparring": tuple(settings["sparring"])}))
+    envs.set_pool(pool)
+    return pool
+
+
+def pool_settings(pool: OpponentPool) -> dict[str, Any] | None:
+    """What an actor needs to build a pool that follows `pool` (None: a fixed opponent, which
+    the actor's env builds itself from the same env kwargs)."""
+    return None if pool.fixed is not None else asdict(pool.settings)
 
 
 def _check_seat(seat: str) -> None:

@@ -63,6 +63,8 @@ class Trajectory(NamedTuple):
     actor: int  # -1: the learner's own process
     env_seconds: float
     act_seconds: float
+    pool_record: dict | None = None  # self-play in an actor: the games its opponent pool recorded
+    # (`OpponentPool.take_record`), for the learner's pool (its gate and totals)
 
     def staleness(self, updates: int) -> dict[str, float]:
         """`rollout/…` scalars: learner updates since the weights that chose each step (and, from
@@ -75,13 +77,13 @@ class Trajectory(NamedTuple):
 
     @classmethod
     def of(cls, arrays: dict[str, np.ndarray], returns: list, lengths: list, actor: int,
-           env_seconds: float, act_seconds: float) -> Trajectory:
+           env_seconds: float, act_seconds: float, pool_record: dict | None = None) -> Trajectory:
         return cls(obs=arrays["obs"], action=arrays["action"], logp=arrays["logp"], value=arrays["value"],
                    reward=arrays["reward"], terminated=arrays["terminated"], truncated=arrays["truncated"],
                    final_value=arrays["final_value"], next_obs=arrays.get("next_obs"), version=arrays["version"],
                    last_obs=arrays["last_obs"], last_value=arrays["last_value"],
                    episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
-                   actor=actor, env_seconds=env_seconds, act_seconds=act_seconds)
+                   actor=actor, env_seconds=env_seconds, act_seconds=act_seconds, pool_record=pool_record)
 
 
 def trajectory_specs(steps: int, n_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
@@ -233,6 +235,9 @@ class ActorSpec:
     """Ship the env's actions and real next observations (see `Collector`)."""
     poll_seconds: float = 0.5
     """How often LATEST is checked."""
+    selfplay: dict[str, Any] | None = None
+    """A self-play env's opponent pool settings (`rlstack.envs.selfplay.pool_settings`): the
+    actor's pool then plays the members the learner's pool names with each chunk."""
 
 
 class RunningMeanStd:

@@ -128,7 +128,8 @@ def names() -> list[str]:
 ACTOR_BACKENDS = "rlstack.actor_backends"
 """The entry-point group of actor backends (`pyproject.toml`): name -> a class called as
 `Backend(spec: rlstack.collector.ActorSpec, n_actors, layout, chunk_specs, **options)` that returns a
-context manager with `publish(weights, updates, explore)`, `start()` and `get() -> Trajectory`;
+context manager with `publish(weights, updates, explore, opponents=None)` (`opponents`: a self-play
+learner pool's member names), `start()` and `get() -> Trajectory`;
 `options` are the fields of the config section named after the backend (`ray:`), if there is one.
 Optionally `stats() -> dict` (`actors/...` scalars the trainer logs) and `pop_messages() -> list[str]`
 (lines for the run log, e.g. an actor restarted)."""

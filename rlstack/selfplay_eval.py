@@ -314,6 +314,7 @@ class SelfPlayHook:
             "selfplay/elo": last["elo"],
             "selfplay/pool": self.pool.names,
             "selfplay/pool_record": dict(self.pool.totals),
+            "selfplay/pool_played": dict(self.pool.played),
             "selfplay/history": self.history,
         }
 
@@ -328,7 +329,4 @@ def attach_selfplay(config: Config, envs: Any, out_dir: Path, policy_dir: Path, 
     """The hook for a self-play game env (envs/selfplay.py); None for any other env."""
     if not isinstance(envs, SelfPlayVectorEnv):
         return None
-    if config.actors:
-        raise ConfigError("actors >= 1 does not support self-play envs (the opponent pool lives in the "
-                          "learner's env); use actors: 0")
     return SelfPlayHook(config, envs, out_dir, policy_dir, log, agent, keep_best)

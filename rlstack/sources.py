@@ -55,32 +55,37 @@ def local_source(cfg: Config, algo: registry.Algorithm, envs: gym.vector.VectorE
 
 
 def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_dir: Path, counters: Any,
-                 obs_space: gym.Space, action_space: gym.Space) -> tuple[Any, Callable[[], None]]:
+                 obs_space: gym.Space, action_space: gym.Space, pool: Any = None) -> tuple[Any, Callable[[], None]]:
     """`actors: N`: N actors collect with the exported graph (`bootstrap` until versions are
     published to `policy_dir`); returns the started pool and `publish()`, which hands the
-    learner's current weights to the actors (called after every update).
+    learner's current weights to the actors (called after every update). `pool` (self-play):
+    the learner's `OpponentPool`; each actor's env plays the members it names, published with
+    the weights, and the games they record come back with the chunks.
 
     Each actor steps its own `env.n_envs` envs and sends chunks of `chunk_steps` vector steps,
     every step tagged with the update count of the weights that chose it."""
     from rlstack.acting import load_policy
+    from rlstack.envs.selfplay import pool_settings
 
     layout = load_policy(bootstrap).layout
+    selfplay = pool_settings(pool) if pool is not None else None
     spec = ActorSpec(env_id=cfg.env.id, n_envs=cfg.env.n_envs, steps=algo.chunk_steps, policy_dir=str(policy_dir),
                      bootstrap=str(bootstrap), seed=cfg.seed + 1_000 * counters.updates, vector=cfg.env.vector,
                      vectorization=cfg.env.vectorization,
                      env_kwargs=dict(cfg.env.kwargs), device=cfg.device, fusion=cfg.fusion,
-                     off_policy=not algo.on_policy)
+                     off_policy=not algo.on_policy, selfplay=selfplay)
     # Backend options are the config section named after the backend (`ray:`), if it has one.
     section = getattr(cfg, cfg.actors_backend, None)
     options = dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
-    pool = registry.actor_backend(cfg.actors_backend)(spec, cfg.actors, layout,
-                                                      chunk_specs(algo, cfg.env.n_envs, obs_space, action_space),
-                                                      **options)
+    actors = registry.actor_backend(cfg.actors_backend)(spec, cfg.actors, layout,
+                                                        chunk_specs(algo, cfg.env.n_envs, obs_space, action_space),
+                                                        **options)
 
     def publish() -> None:
         explore = not algo.on_policy and counters.steps < cfg.train.learning_starts
-        pool.publish(weights_of(algo.network, layout), counters.updates, explore)
+        actors.publish(weights_of(algo.network, layout), counters.updates, explore,
+                       opponents=pool.names if selfplay is not None else None)
 
     publish()
-    pool.start()
-    return pool, publish
+    actors.start()
+    return actors, publish

@@ -78,6 +78,8 @@ class Trainer:
         self.split = TimeSplit()
         self.actor_stats: dict[str, float] = {}
         """The actor backend's `actors/…` scalars (e.g. restarts), logged with each update and in summary.json."""
+        self.selfplay: SelfPlayHook | None = None
+        """The self-play hook (a self-play game env): its opponent pool, evaluations."""
         self.history: list[tuple[int, float | None, float]] = []
         """(steps, recent mean episode return, seconds since start) after every update."""
         self.update_hooks: list[Callable[[Counters], None]] = []
@@ -208,7 +210,8 @@ class Trainer:
     def _run(self, acting: Acting | None, total: int) -> None:
         if self.cfg.actors:
             source, publish = start_actors(self.cfg, self.algo, self._acting_graph(), self.policy_dir,
-                                           self.counters, self.obs_space, self.action_space)
+                                           self.counters, self.obs_space, self.action_space,
+                                           self.selfplay.pool if self.selfplay is not None else None)
             kind = "processes" if self.cfg.actors_backend == "process" else f"{self.cfg.actors_backend} actors"
             self.log.message(f"actors: {self.cfg.actors} {kind} x {self.cfg.env.n_envs} envs, chunks of "
                              f"{self.algo.chunk_steps} steps")
@@ -251,7 +254,10 @@ class Trainer:
 
     def _attach_selfplay(self) -> SelfPlayHook | None:
         keep = self.consider_best if self.cfg.train.keep_best else None
-        hook = attach_selfplay(self.cfg, self.envs, self.out, self.policy_dir, self.log, lambda: self.acting, keep)
+        # The agent evaluated: the in-process actor's graph; with actors, the same graph made for it.
+        hook = attach_selfplay(self.cfg, self.envs, self.out, self.policy_dir, self.log,
+                               lambda: self.acting or self._in_process(None), keep)
+        self.selfplay = hook
         if hook is not None:
             self.ckpt.add_extra(POOL_STATE_FILE, hook)
             self.update_hooks.append(hook)
@@ -264,6 +270,8 @@ class Trainer:
         waited = time.perf_counter() - start
         for line in getattr(source, "pop_messages", list)():
             self.log.message(line)
+        if traj.pool_record is not None and self.selfplay is not None:  # games played in an actor
+            self.selfplay.pool.add_record(traj.pool_record)
         self.actor_stats = getattr(source, "stats", dict)()
         if traj.actor < 0:  # collected here: the collector's own split
             self.split.env += traj.env_seconds

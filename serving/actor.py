@@ -22,6 +22,7 @@ import queue
 import signal
 import time
 import traceback
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,6 +30,7 @@ import numpy as np
 from rlstack.acting import Layout, PolicyWatcher, load_policy
 from rlstack.artifact import ArtifactError
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory
+from rlstack.envs.selfplay import follower_pool, load_player
 from rlstack.serving.shm import SharedArrays, WeightBoard
 
 
@@ -39,6 +41,7 @@ class _Ready(NamedTuple):
     lengths: list
     env_seconds: float
     act_seconds: float
+    pool_record: dict | None
 
 
 class _Failed(NamedTuple):
@@ -105,6 +108,10 @@ def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lo
         board = WeightBoard(layout, lock, board_name)
         slots = [SharedArrays(slot_specs, name) for name in slot_names]
         collector = Collector(envs, acting, spec.seed, off_policy=spec.off_policy)
+        pool = follower_pool(envs, spec.selfplay)  # self-play: the learner names the opponents
+
+        def load_opponent(name: str) -> Any:
+            return load_player(Path(spec.policy_dir) / name, envs.game, pool.settings.sample)
         state = {"next_poll": time.monotonic() + spec.poll_seconds, "seq": 0}
 
         def refresh(t: int) -> bool:
@@ -122,11 +129,15 @@ def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lo
 
         while not stop.is_set() and not signals.expired and (learner is None or learner.is_alive()):
             try:
-                slot = free.get(timeout=0.1)
+                slot, opponents = free.get(timeout=0.1)
             except queue.Empty:
                 continue
+            if pool is not None and opponents is not None:
+                with contextlib.suppress(ArtifactError):  # a version pruned meanwhile: the next chunk's names
+                    pool.follow(opponents, load_opponent)
             returns, lengths, env_s, act_s = collector.collect(slots[slot].arrays, refresh)
-            ready.put(_Ready(index, slot, returns, lengths, env_s, act_s))
+            record = pool.take_record() if pool is not None else None
+            ready.put(_Ready(index, slot, returns, lengths, env_s, act_s, record))
         envs.close()
         if signals.expired and not stop.is_set():  # tell the learner why no more chunks come
             ready.put(_Stopped(index, signals.name))
@@ -156,9 +167,11 @@ class ActorPool:
         self.free = [ctx.Queue() for _ in range(n_actors)]
         self.ready = ctx.Queue()
         self.stop = ctx.Event()
+        self.opponents: list[str] | None = None
+        """Self-play: the learner pool's member names, sent with every free slot."""
         for q, own in zip(self.free, self.slots, strict=True):
             for i in range(len(own)):
-                q.put(i)
+                q.put((i, None))
         self.processes = [
             ctx.Process(target=_actor_main, name=f"rlstack-actor-{i}", daemon=True,
                         args=(i, actor_spec(spec, i), layout, self.board.name, self.lock,
@@ -173,10 +186,14 @@ class ActorPool:
             p.start()
         self.started = True
 
-    def publish(self, weights: dict[str, np.ndarray], updates: int, explore: bool = False) -> None:
+    def publish(self, weights: dict[str, np.ndarray], updates: int, explore: bool = False,
+                opponents: list[str] | None = None) -> None:
         """Make `weights` (of learner update `updates`) the actors' weights from their next step;
-        `explore`: uniformly random actions (off-policy warm-up)."""
+        `explore`: uniformly random actions (off-policy warm-up); `opponents`: self-play, the
+        learner pool's members, which each actor's pool plays from its next chunk."""
         self.board.publish(weights, updates, explore)
+        if opponents is not None:
+            self.opponents = list(opponents)
 
     def get(self, timeout: float = 600.0) -> Trajectory:
         """The next finished chunk from any actor (copied out; its slot is free again)."""
@@ -200,9 +217,9 @@ class ActorPool:
             raise ActorError(f"actor {notice.actor} stopped after {notice.signal}: the learner did not stop the "
                              f"actors within {self.signal_grace_s:g} s of it")
         arrays = self.slots[notice.actor][notice.slot].copy()
-        self.free[notice.actor].put(notice.slot)
+        self.free[notice.actor].put((notice.slot, self.opponents))
         return Trajectory.of(arrays, notice.returns, notice.lengths, notice.actor, notice.env_seconds,
-                             notice.act_seconds)
+                             notice.act_seconds, notice.pool_record)
 
     def close(self, timeout: float = 10.0) -> None:
         """Ask the actors to stop after the chunk in hand (they exit 0); kill those still running

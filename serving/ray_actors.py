@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory, allocate
+from rlstack.envs.selfplay import follower_pool, load_player
 from rlstack.serving.actor import actor_spec
 
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -137,6 +138,8 @@ class _Collector:
         self.acting = load_policy(version, obs_shape=tuple(self.envs.single_observation_space.shape),
                                   device=runtime.device, fusion=runtime.fusion)
         self.spec, self.collector = spec, None
+        self.pool = follower_pool(self.envs, spec.selfplay)  # self-play: the learner names the opponents
+        self._opponent_loads = 0
         self.layout = tuple((name, tuple(shape)) for name, shape in layout)
         self.sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in self.layout]
         self.arrays = allocate(chunk_specs)
@@ -146,9 +149,12 @@ class _Collector:
         """(Ray node id, process id) of this actor."""
         return self.node_id, self.pid
 
-    def collect(self, seq: int, published: tuple[np.ndarray, int, bool]) -> tuple:
+    def collect(self, seq: int, published: tuple[np.ndarray, int, bool], opponents: dict | None = None) -> tuple:
         """One chunk with the weights of publish `seq` (loaded if they are new to this actor), and
-        the id of the process that collected it."""
+        the id of the process that collected it. `opponents` (self-play): the learner pool's
+        members, name -> object-store reference of the version's files (None for `random`)."""
+        if self.pool is not None and opponents is not None:
+            self.pool.follow(list(opponents), lambda name: self._opponent(name, opponents[name]))
         if self.collector is None:
             self.collector = Collector(self.envs, self.acting, self.seed, off_policy=self.spec.off_policy)
         flat, version, explore = published
@@ -160,7 +166,18 @@ class _Collector:
             self.acting.load_weights(weights, version)
             self.seq = seq
         returns, lengths, env_s, act_s = self.collector.collect(self.arrays, lambda t: explore)
-        return self.pid, self.arrays, returns, lengths, env_s, act_s
+        record = self.pool.take_record() if self.pool is not None else None
+        return self.pid, self.arrays, returns, lengths, env_s, act_s, record
+
+    def _opponent(self, name: str, files_ref: Any) -> Any:
+        """An exported version the learner's pool holds, from its files in the object store."""
+        import ray
+
+        from rlstack.artifact import write_version
+
+        self._opponent_loads += 1  # a name may come back after it left the pool: a new directory
+        version = write_version(ray.get(files_ref), Path(self._dir.name) / "opponents" / f"{name}.{self._opponent_loads}")
+        return load_player(version, self.envs.game, self.pool.settings.sample)
 
 
 class RayActorPool:
@@ -190,6 +207,9 @@ class RayActorPool:
                        for i in range(n_actors)]
         self._inflight: dict[Any, int] = {}
         self._published: Any = None
+        self._opponents: dict[str, Any] | None = None
+        self._versions: dict[str, Any] = {}
+        """Self-play: object-store references of the opponent versions' files, by name."""
         self.seq = 0
         self.restarts = [0] * n_actors
         self._pids: list[int | None] = [None] * n_actors
@@ -203,9 +223,22 @@ class RayActorPool:
 
     # ----- the learner's side -------------------------------------------------------------------
 
-    def publish(self, weights: dict[str, np.ndarray], updates: int, explore: bool = False) -> None:
+    def publish(self, weights: dict[str, np.ndarray], updates: int, explore: bool = False,
+                opponents: list[str] | None = None) -> None:
         """Put `weights` (of learner update `updates`) into the object store once; every call sent
-        from now on carries them. `explore`: uniformly random actions (off-policy warm-up)."""
+        from now on carries them. `explore`: uniformly random actions (off-policy warm-up).
+        `opponents` (self-play): the learner pool's members; each exported version's files go
+        into the object store once, and the actors' pools play those members from their next call."""
+        if opponents is not None:
+            from rlstack.artifact import version_files
+
+            refs = {}
+            for name in opponents:
+                if name != "random" and name not in self._versions:
+                    self._versions[name] = self.ray.put(version_files(Path(self.spec.policy_dir) / name))
+                refs[name] = self._versions.get(name)
+            self._versions = {name: ref for name, ref in self._versions.items() if name in refs}
+            self._opponents = refs
         flat = np.empty(max(1, sum(self.sizes)), np.float32)
         start = 0
         for (name, shape), size in zip(self.layout, self.sizes, strict=True):
@@ -231,7 +264,7 @@ class RayActorPool:
             for i, (node, pid) in enumerate(self.placement)))
 
     def _send(self, actor: int) -> None:
-        self._inflight[self.actors[actor].collect.remote(self.seq, self._published)] = actor
+        self._inflight[self.actors[actor].collect.remote(self.seq, self._published, self._opponents)] = actor
 
     def get(self, timeout: float = 600.0) -> Trajectory:
         """The next finished chunk from any actor; that actor is sent its next call at once."""
@@ -245,7 +278,7 @@ class RayActorPool:
             ref = ready[0]
             actor = self._inflight.pop(ref)
             try:
-                pid, arrays, returns, lengths, env_s, act_s = ray.get(ref)
+                pid, arrays, returns, lengths, env_s, act_s, record = ray.get(ref)
             except ray.exceptions.ActorDiedError as err:  # dead for good: out of restarts
                 raise ActorError(f"Ray actor {actor} is dead and Ray will not restart it (ray.max_restarts="
                                  f"{self.max_restarts}, {sum(self.restarts)} restart(s) seen): {err}") from None
@@ -259,7 +292,7 @@ class RayActorPool:
             self._check_process(actor, pid)
             self.chunks += 1
             arrays = {k: np.array(v) for k, v in arrays.items()}  # writable copies out of the object store
-            return Trajectory.of(arrays, returns, lengths, actor, env_s, act_s)
+            return Trajectory.of(arrays, returns, lengths, actor, env_s, act_s, record)
 
     def _down(self, actor: int, err: Exception) -> None:
         """A call failed because the actor's process died: the chunk it was collecting, if any,

@@ -212,6 +212,30 @@ def test_strict_parity_run_with_ray_actors(cluster, tmp_path):
     assert summary["actors/restarts"] == 0 and summary["total_steps"] == summary["updates"] * 256
 
 
+@pytest.mark.parametrize("backend", ["process", "ray"])
+def test_connect_four_self_play_with_two_actors_plays_the_pool_and_evaluates(backend, request, tmp_path):
+    """Self-play inside actors of either backend: each actor's env plays the members of the
+    learner's opponent pool (exported versions, which reach Ray actors as bytes), the games they
+    record come back to the learner's pool, and the evaluations run."""
+    from rlstack.trainer import Trainer
+
+    extra = [f"ray.address={request.getfixturevalue('cluster').address}"] if backend == "ray" else []
+    cfg = load_config("ppo_connect4_selfplay", [
+        "actors=2", f"actors_backend={backend}", *extra, "env.n_envs=8", "net.hidden=[64,64]",
+        "train.total_steps=4096", "train.batch_size=256", "train.export_every=4", "train.progress=off",
+        "selfplay.eval_every=8", "selfplay.eval_games=4", "selfplay.minimax_depth=1", "selfplay.elo_games=2",
+        "selfplay.elo_snapshots=1", "env.eval_episodes=2"])
+    summary = Trainer(cfg, tmp_path / "run").train()
+    assert summary["selfplay/vs_random"]["games"] == 4 and summary["selfplay/vs_minimax_d1"]["games"] == 4
+    assert len(summary["selfplay/history"]) == 2  # at update 8 and at the end (16)
+    # Every game the actors played reached the learner's pool, and they played its exported versions.
+    assert sum(summary["selfplay/pool_record"].values()) == summary["episodes"] > 0
+    played = summary["selfplay/pool_played"]
+    assert sum(played.values()) == summary["episodes"]
+    assert sum(n for name, n in played.items() if re.fullmatch(r"v\d{6}", name)) > 0, played
+    assert set(summary["selfplay/pool"]) <= {f"v{i:06d}" for i in range(1, 20)}
+
+
 def test_an_unreachable_ray_address_is_refused_before_training(tmp_path):
     """A fresh process (Ray not yet initialised) pointed at a port where no cluster runs."""
     result = subprocess.run(
