@@ -9,7 +9,6 @@ is named by the `x-rlstack-replica` response header that only `--replicas N` add
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -37,10 +36,7 @@ from tests.serving.test_server import (
 
 trained_run = test_server.trained_run  # the same short PPO run (a session fixture, found by name)
 
-pytestmark = [
-    pytest.mark.slow,  # 40-60 s here: a Ray cluster, Serve and two replicas start once for the file
-    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='Ray is not installed (pip install -e ".[ray]")'),
-]
+pytestmark = pytest.mark.slow  # 40-60 s here: a Ray cluster, Serve and two replicas start once for the file
 
 REPLICAS = 2
 REPLICA = "x-rlstack-replica"
