@@ -29,6 +29,7 @@ from rlstack import registry
 from rlstack.buffers import RolloutBatch, pack_columns, rollout_batch
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
+from rlstack.distributed import GradMean
 from rlstack.graphcall import LeanCall, written_by
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_coef, flatten, unflatten
@@ -211,22 +212,32 @@ class ValueGradAndStep(nn.Cell):
     """A packed minibatch and `PolicyGrad`'s vector -> the value loss's gradient, global-norm
     clipping of it together with the policy gradient, one Adam step over both; returns the
     metrics [loss, policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value_loss, mse]
-    as one vector (one output to read)."""
+    as one vector (one output to read).
+
+    `workers` >= 2 (`learner.workers`, data-parallel): both gradients, packed into one vector,
+    are averaged over the ranks by one all-reduce before the clipping, so every rank clips and
+    steps with the same gradient. With 1 worker the graph has no collective at all."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
-                 policy_params: list, value_params: list, columns: Columns):
+                 policy_params: list, value_params: list, columns: Columns, workers: int = 1):
         super().__init__()
         self.grad = ops.value_and_grad(ValueLoss(network, cfg), None, ms.ParameterTuple(value_params), has_aux=True)
         self.optimizer = optimizer
         self.max_grad_norm = cfg.max_grad_norm
         self.policy_shapes = tuple(tuple(p.shape) for p in policy_params)
         self.policy_size = sum(int(np.prod(shape)) for shape in self.policy_shapes)
+        self.value_shapes = tuple(tuple(p.shape) for p in value_params)
         self.obs, self.ret, self.value = columns.obs, columns.ret, columns.value
+        self.grad_mean = GradMean(workers) if workers > 1 else None
 
     def construct(self, batch, policy_out):
         (value_loss, mse), value_grads = self.grad(batch[:, self.obs[0]:self.obs[1]], batch[:, self.ret],
                                                    batch[:, self.value])
         policy_grad = policy_out[:self.policy_size]
+        if self.grad_mean is not None:  # (a constant: the 1-worker graph is compiled without this)
+            both = self.grad_mean(ops.concat((policy_grad, flatten(value_grads))))
+            policy_grad = both[:self.policy_size]
+            value_grads = unflatten(both[self.policy_size:], self.value_shapes)
         coef = clip_coef((policy_grad, flatten(value_grads)), self.max_grad_norm)
         policy_grads = unflatten(policy_grad * coef, self.policy_shapes)
         self.optimizer(policy_grads + tuple(g * coef for g in value_grads))
@@ -240,13 +251,13 @@ class PPOStep(nn.Cell):
     (`rlstack.graphcall.LeanCall`); the second names the state it writes."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
-                 policy_params: list, value_params: list, columns: Columns):
+                 policy_params: list, value_params: list, columns: Columns, workers: int = 1):
         super().__init__()
         self.network = network
         self.optimizer = optimizer
         # (held by the LeanCall, not as a Cell attribute: the clip range is no checkpoint state)
         self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params, columns))
-        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns)
+        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns, workers)
         self.value_step = LeanCall(step, state=written_by(step))
 
     def set_clip_range(self, clip_range: float) -> None:
@@ -304,7 +315,8 @@ class PPO:
         self.n_minibatches = self.rollout_size // self.cfg.batch_size
         action_dim = 1 if discrete else int(np.prod(action_space.shape))
         self.columns = Columns(self.network.obs_dim, action_dim)
-        self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params, self.columns)
+        self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params, self.columns,
+                              cfg.learner.workers)
         self.learner_logp = LearnerLogp(self.network) if self.cfg.is_clip is not None else None
 
     def state_cell(self) -> nn.Cell:

@@ -228,6 +228,26 @@ class RayConfig:
 
 
 @dataclass
+class LearnerConfig:
+    """Data-parallel learning (`rlstack/distributed.py`): N learner processes, each collecting with
+    its own `env.n_envs` envs and averaging every minibatch gradient with the others."""
+
+    workers: int = 1
+    """Learner processes (PPO only). N >= 2: `python -m rlstack.train` starts N workers on this
+    machine; rank r steps its own `env.n_envs` envs seeded `seed + r * 1_000_000`, all start from
+    rank 0's network, every minibatch gradient is all-reduced (mean) before clipping and Adam, so
+    the networks stay bitwise identical. `train.total_steps` counts the steps of all ranks (each
+    update consumes N rollouts). Rank 0 alone writes the run directory. Not with `actors` >= 1 or
+    `net.normalize_obs` (each rank's observation statistics would drift apart)."""
+    master_port: int = 0
+    """TCP port of MindSpore's cluster scheduler on 127.0.0.1 (0: a free port is picked)."""
+
+
+DATA_PARALLEL_ALGOS = ("ppo",)
+"""Algorithms whose update all-reduces its gradients (`learner.workers` >= 2)."""
+
+
+@dataclass
 class Config:
     algo: str = "ppo"
     """Algorithm name in the registry (`ppo`, `dqn`, `sac`)."""
@@ -247,6 +267,7 @@ class Config:
     """Where the actors run: `process` (processes on this machine, weights and chunks through
     shared memory) or `ray` (Ray actors on a Ray cluster, everything through Ray's object store)."""
     ray: RayConfig = field(default_factory=RayConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     net: NetConfig = field(default_factory=NetConfig)
     train: Any = field(default_factory=TrainConfig)
@@ -383,6 +404,7 @@ def _check(cfg: Config) -> None:
         if cfg.ray.cpus_per_actor < 0 or cfg.ray.max_restarts < -1:
             raise ConfigError(f"'ray.cpus_per_actor' must be >= 0 and 'ray.max_restarts' >= -1 (-1: no limit), got "
                               f"{cfg.ray.cpus_per_actor} and {cfg.ray.max_restarts}")
+    _check_learner(cfg)
     batch_size = getattr(cfg.train, "batch_size", None)
     if cfg.parity == "strict" and batch_size is not None:
         _check_strict_batch(batch_size)
@@ -391,6 +413,25 @@ def _check(cfg: Config) -> None:
     check = getattr(cfg.train, "validate", None)
     if check is not None:
         check(cfg)
+
+
+def _check_learner(cfg: Config) -> None:
+    workers, port = cfg.learner.workers, cfg.learner.master_port
+    if workers < 1:
+        raise ConfigError(f"'learner.workers' must be >= 1 (1: one learner process), got {workers}")
+    if not (port == 0 or 1024 <= port <= 65535):
+        raise ConfigError(f"'learner.master_port' must be 0 (pick a free port) or in 1024..65535, got {port}")
+    if workers == 1:
+        return
+    if cfg.algo not in DATA_PARALLEL_ALGOS:
+        raise ConfigError(f"learner.workers={workers} is supported for algo: {', '.join(DATA_PARALLEL_ALGOS)} "
+                          f"only, not '{cfg.algo}' (use learner.workers=1)")
+    if cfg.actors:
+        raise ConfigError(f"learner.workers={workers} collects in each learner process: it cannot be combined "
+                          f"with actors={cfg.actors} (use actors=0, or learner.workers=1)")
+    if cfg.net.normalize_obs:
+        raise ConfigError(f"learner.workers={workers} does not support net.normalize_obs: each rank's running "
+                          "observation statistics would differ, and so would the networks (use net.normalize_obs=false)")
 
 
 def _check_strict_batch(batch_size: int) -> None:
@@ -429,7 +470,7 @@ def describe(algo: str = "ppo") -> str:
 
 def _doc(algo: str, key: str) -> str:
     classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": registry.help_config(algo),
-               "selfplay": SelfPlayConfig, "ray": RayConfig}
+               "selfplay": SelfPlayConfig, "ray": RayConfig, "learner": LearnerConfig}
     section, _, name = key.rpartition(".")
     cls = classes.get(section)
     return field_docs(cls).get(name, "") if cls else ""

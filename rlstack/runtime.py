@@ -61,7 +61,14 @@ def configure(device: str = "cpu", fusion: str = "auto") -> Runtime:
                           "(run `python -m rlstack.doctor` for details, or set device: cpu)")
     # PyNative costs ~10x per call (DESIGN); rlstack always runs compiled graphs.
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device(_DEVICE_TARGETS[device])
+    try:
+        ms.set_device(_DEVICE_TARGETS[device])
+    except RuntimeError:
+        # A data-parallel worker (rlstack/distributed.py) configures before
+        # `mindspore.communication.init()`, which then fixes the device with a per-rank id; setting
+        # it again raises "can not be modified" even for the same target.
+        if ms.get_current_device().device_target != _DEVICE_TARGETS[device]:
+            raise
     if use_fusion:
         ms.set_context(enable_graph_kernel=True)
     _quiet_known_deprecations()

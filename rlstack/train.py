@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from rlstack.config import DEFAULT_CONFIG, ConfigError, describe, load_config
 from rlstack.envs import EnvError
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlstack.checkpoints import CheckpointError
     from rlstack.collector import ActorError
     from rlstack.runtime import DeviceError
-    from rlstack.trainer import ResumeError, Trainer
+    from rlstack.trainer import ResumeError, Trainer, default_out_dir
 
     try:
         if args.resume:
@@ -73,7 +74,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--resume takes its config and directory from the run; drop --config/--out")
             trainer = Trainer.resume(args.resume, args.overrides)
         else:
-            trainer = Trainer(load_config(args.config, args.overrides), args.out)
+            cfg = load_config(args.config, args.overrides)
+            if cfg.learner.workers > 1:  # data-parallel learners (rlstack/distributed.py)
+                from rlstack import distributed
+
+                if distributed.role() is None:  # start the workers, each of them this command
+                    out = Path(args.out) if args.out else default_out_dir(cfg)
+                    return distributed.launch(sys.argv[1:] if argv is None else argv, cfg, out)
+                trainer = distributed.worker_trainer(cfg, args.out)
+            else:
+                trainer = Trainer(cfg, args.out)
         print(f"run directory: {trainer.out}", flush=True)
         window = None
         if args.profile:
@@ -86,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if window is not None:
                 window.close()
+        if trainer.world is not None:
+            distributed.finish(trainer, Path(args.out))
         if "stopped_by" in summary:  # SIGINT / SIGTERM: saved, then the conventional 128 + signal
             return 128 + int(signal.Signals[summary["stopped_by"]])
     except (ConfigError, EnvError, DeviceError, ResumeError, CheckpointError, ArtifactError, ActorError) as err:

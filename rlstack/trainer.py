@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mindspore as ms
 import numpy as np
@@ -38,6 +38,9 @@ from rlstack.selfplay_eval import POOL_STATE_FILE, SelfPlayHook, attach_selfplay
 from rlstack.sources import local_source, start_actors
 from rlstack.stopping import StopSignals
 
+if TYPE_CHECKING:
+    from rlstack.distributed import World
+
 __all__ = ["Counters", "ResumeError", "TimeSplit", "Trainer"]
 
 def default_out_dir(cfg: Config) -> Path:
@@ -48,8 +51,14 @@ def default_out_dir(cfg: Config) -> Path:
 class Trainer:
     """Owns one run directory: `<out>/tb`, `<out>/checkpoints/`, `<out>/policy/`, `<out>/summary.json`."""
 
-    def __init__(self, cfg: Config, out_dir: str | Path | None = None):
+    def __init__(self, cfg: Config, out_dir: str | Path | None = None, world: World | None = None):
+        if cfg.learner.workers > 1 and world is None:
+            raise ConfigError(f"learner.workers={cfg.learner.workers} runs through `python -m rlstack.train`, which "
+                              "starts the workers (rlstack/distributed.py); a run stopped with N workers is resumed "
+                              "with learner.workers=1 (rank 0's checkpoint, not bit-exact)")
         self.cfg = cfg
+        self.world = world
+        """Data-parallel learners (`learner.workers` >= 2): this process's rank and the collectives."""
         self.out = Path(out_dir) if out_dir is not None else default_out_dir(cfg)
         self.runtime = configure(cfg.device, cfg.fusion)
         ms.set_seed(cfg.seed)
@@ -90,7 +99,7 @@ class Trainer:
         """Keeps the best periodic evaluation (`train.eval_every`, `train.keep_best`), checkpointed."""
         self.ckpt.add_extra(BEST_FILE, self.keeper)
         self.evals = PeriodicEval(cfg, self.network, self.keeper)
-        self.stop = StopSignals(lambda text: self.log.message(text))
+        self.stop = StopSignals(lambda text: self.log.message(text), world.agree_stop if world else None)
         """SIGINT / SIGTERM during `train()`: stop after the current update (rlstack/stopping.py)."""
         self._wall_base, self._wall_start = 0.0, time.perf_counter()
         self._last_checkpoint = time.perf_counter()
@@ -313,9 +322,10 @@ class Trainer:
         algo, c = self.algo, self.counters
         while c.steps < total and self.stop.received is None:
             traj = self._receive(source)
-            c.steps += traj.reward.size
+            steps = traj.reward.size * (self.world.size if self.world else 1)  # every rank collected as many
+            c.steps += steps
             self._push_obs_stats()
-            progress = Progress(c.steps, max(0.0, 1.0 - (c.steps - traj.reward.size) / total))
+            progress = Progress(c.steps, max(0.0, 1.0 - (c.steps - steps) / total))
             start = time.perf_counter()
             metrics = algo.learn(traj, progress, self.rng)
             self.split.learn += time.perf_counter() - start
