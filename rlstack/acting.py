@@ -255,6 +255,36 @@ def weights_of(network: Any, layout: Layout) -> dict[str, np.ndarray]:
     return {name: live[name].asnumpy().copy() for name, _ in layout}
 
 
+class FlatWeights:
+    """A graph's weights as one float32 vector in `layout` order: how actors receive them (shared
+    memory, Ray's object store)."""
+
+    def __init__(self, layout: Layout):
+        self.layout: Layout = tuple((name, tuple(shape)) for name, shape in layout)
+        self.sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in self.layout]
+        self.size = max(1, sum(self.sizes))
+
+    def pack(self, weights: dict[str, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Every weight of the layout into `out` (or a new vector)."""
+        flat = np.empty(self.size, np.float32) if out is None else out
+        start = 0
+        for (name, shape), size in zip(self.layout, self.sizes, strict=True):
+            value = np.asarray(weights[name], np.float32)
+            if value.shape != shape:
+                raise ValueError(f"weight '{name}' has shape {value.shape}, the actors' graph expects {shape}")
+            flat[start:start + size] = value.reshape(-1)
+            start += size
+        return flat
+
+    def unpack(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """name -> weight, as views of `flat`."""
+        weights, start = {}, 0
+        for (name, shape), size in zip(self.layout, self.sizes, strict=True):
+            weights[name] = flat[start:start + size].reshape(shape)
+            start += size
+        return weights
+
+
 def load_policy(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
                 device: str | None = None, fusion: bool | None = None) -> Acting:
     """Load and verify a policy from a run dir, a `policy/` dir or a version dir (see

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from rlstack.acting import FlatWeights
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory, allocate
 from rlstack.envs.selfplay import follower_pool, load_player
 from rlstack.serving.actor import actor_spec
@@ -140,8 +141,7 @@ class _Collector:
         self.spec, self.collector = spec, None
         self.pool = follower_pool(self.envs, spec.selfplay)  # self-play: the learner names the opponents
         self._opponent_loads = 0
-        self.layout = tuple((name, tuple(shape)) for name, shape in layout)
-        self.sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in self.layout]
+        self.flat = FlatWeights(layout)
         self.arrays = allocate(chunk_specs)
         self.seq = -1
 
@@ -159,11 +159,7 @@ class _Collector:
             self.collector = Collector(self.envs, self.acting, self.seed, off_policy=self.spec.off_policy)
         flat, version, explore = published
         if seq != self.seq:
-            weights, start = {}, 0
-            for (name, shape), size in zip(self.layout, self.sizes, strict=True):
-                weights[name] = flat[start:start + size].reshape(shape)
-                start += size
-            self.acting.load_weights(weights, version)
+            self.acting.load_weights(self.flat.unpack(flat), version)
             self.seq = seq
         returns, lengths, env_s, act_s = self.collector.collect(self.arrays, lambda t: explore)
         record = self.pool.take_record() if self.pool is not None else None
@@ -193,8 +189,8 @@ class RayActorPool:
         from rlstack.artifact import version_files
 
         self.spec, self.n_actors, self.max_restarts = spec, n_actors, max_restarts
-        self.layout = tuple((name, tuple(shape)) for name, shape in layout)
-        self.sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in self.layout]
+        self.flat = FlatWeights(layout)
+        self.layout = self.flat.layout
         self.chunk_specs = chunk_specs
         files = version_files(spec.bootstrap)  # read before Ray starts: a bad bootstrap fails fast
         self.ray = connect(address)
@@ -239,15 +235,7 @@ class RayActorPool:
                 refs[name] = self._versions.get(name)
             self._versions = {name: ref for name, ref in self._versions.items() if name in refs}
             self._opponents = refs
-        flat = np.empty(max(1, sum(self.sizes)), np.float32)
-        start = 0
-        for (name, shape), size in zip(self.layout, self.sizes, strict=True):
-            value = np.asarray(weights[name], np.float32)
-            if value.shape != shape:
-                raise ValueError(f"weight '{name}' has shape {value.shape}, the actors' graph expects {shape}")
-            flat[start:start + size] = value.reshape(-1)
-            start += size
-        self._published = self.ray.put((flat, int(updates), bool(explore)))
+        self._published = self.ray.put((self.flat.pack(weights), int(updates), bool(explore)))
         self.seq += 1
 
     def start(self) -> None:

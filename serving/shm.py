@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rlstack.acting import FlatWeights
 from rlstack.collector import ArraySpec
 
 _ALIGN = 64  # cache-line aligned arrays
@@ -81,10 +82,10 @@ class WeightBoard:
 
     def __init__(self, layout: tuple[tuple[str, tuple[int, ...]], ...], lock: Any, name: str | None = None,
                  create: bool = False):
-        self.layout = tuple((n, tuple(s)) for n, s in layout)
+        self.flat = FlatWeights(layout)
+        self.layout = self.flat.layout
         self.lock = lock
-        self.sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in self.layout]
-        specs = (ArraySpec("header", (3,), "int64"), ArraySpec("flat", (max(1, sum(self.sizes)),), "float32"))
+        specs = (ArraySpec("header", (3,), "int64"), ArraySpec("flat", (self.flat.size,), "float32"))
         self.block = SharedArrays(specs, name, create)
         if create:
             self.block["header"][:] = (0, -1, 0)
@@ -110,15 +111,8 @@ class WeightBoard:
 
     def publish(self, weights: dict[str, np.ndarray], version: int, explore: bool = False) -> None:
         """Write the weights (every name of the layout) and their version."""
-        flat = self.block["flat"]
         with self.lock:
-            start = 0
-            for (name, shape), size in zip(self.layout, self.sizes, strict=True):
-                value = np.asarray(weights[name], np.float32)
-                if value.shape != shape:
-                    raise ValueError(f"weight '{name}' has shape {value.shape}, the actors' graph expects {shape}")
-                flat[start:start + size] = value.reshape(-1)
-                start += size
+            self.flat.pack(weights, out=self.block["flat"])
             header = self.block["header"]
             header[1:] = (version, int(explore))
             header[0] += 1
@@ -128,11 +122,7 @@ class WeightBoard:
         with self.lock:
             seq, version, _ = (int(x) for x in self.block["header"])
             flat = self.block["flat"].copy()
-        weights, start = {}, 0
-        for (name, shape), size in zip(self.layout, self.sizes, strict=True):
-            weights[name] = flat[start:start + size].reshape(shape)
-            start += size
-        return seq, version, weights
+        return seq, version, self.flat.unpack(flat)
 
     def close(self) -> None:
         self.block.close()

@@ -42,13 +42,7 @@ REPLICAS = 2
 REPLICA = "x-rlstack-replica"
 
 
-@pytest.fixture(scope="module")
-def serve_root(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run directory the tests publish into; it starts with v000001 only."""
-    root = tmp_path_factory.mktemp("replicas_root")
-    (root / "policy").mkdir()
-    publish(trained_run / "policy" / "v000001", root / "policy", "v000001")
-    return root
+serve_root = test_server.serve_root  # a run directory of this module's own, starting with v000001 only
 
 
 @pytest.fixture(scope="module")
