@@ -21,9 +21,9 @@ deliver a chunk twice if the first one had reached the learner); the learner sen
 actor its next call. A chunk the actor had finished before it died is still delivered (Ray keeps
 a call's result with the learner, its owner). Every chunk names the process that collected it, so
 the learner counts a restart (`actors/restarts`) and logs it when an actor's process changes,
-whether or not the death cost a chunk (`actors/failed_calls` counts the calls that failed). An exception inside
-`collect` (a broken env, a refused graph) stops training with the actor's traceback, as with the
-process backend.
+whether or not the death cost a chunk (`actors/failed_calls` counts the calls that failed). An
+exception inside `collect` (a broken env, a refused graph) stops training with the actor's
+traceback, as with the process backend.
 
 Ray is imported only here: the core finds this backend by name (`rlstack.registry.actor_backend`).
 """
