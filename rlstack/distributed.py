@@ -130,6 +130,12 @@ def join(cfg: Config) -> World:
     world = World(get_rank(), get_group_size())
     if world.size != cfg.learner.workers:
         raise ConfigError(f"learner.workers={cfg.learner.workers} but the cluster has {world.size} workers")
+    cpus = sorted(os.sched_getaffinity(0))
+    if cfg.device == "cpu" and world.size <= len(cpus):
+        # One core per rank: the ranks meet at every minibatch's all-reduce, and unpinned they
+        # and their runtime threads migrate between the cores (measured on 2 cores, PPO CartPole:
+        # 2,600-3,600 steps/s pinned, 1,700-1,850 not).
+        os.sched_setaffinity(0, {cpus[world.rank % len(cpus)]})
     return world
 
 
