@@ -205,8 +205,10 @@ def launch(argv: list[str], cfg: Config, out: Path) -> int:
     # Rank 0 on this terminal without MindSpore's cluster-building warnings (~40 lines), unless
     # GLOG_v is set; the log files keep them.
     quiet = {} if "GLOG_v" in os.environ else {"GLOG_v": "3"}
-    workers = [start(f"rank{r}", {"MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(r), **(quiet if r == 0 else {})},
-                     inherit=r == 0) for r in range(n)]
+    # Ranks > 0 keep their scratch run directories beside their logs: removed with them, or left
+    # for a look when a rank failed.
+    workers = [start(f"rank{r}", {"MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(r),
+                                  **(quiet if r == 0 else {"TMPDIR": str(logs)})}, inherit=r == 0) for r in range(n)]
 
     def forward(signum: int, frame: Any) -> None:
         for worker in workers:
@@ -214,12 +216,16 @@ def launch(argv: list[str], cfg: Config, out: Path) -> int:
                 worker.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    codes: list[int] = []
     try:
         codes = _wait(workers)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _end([scheduler], wait=10.0)
+        if not codes:  # the launcher itself failed
+            _end(workers, wait=5.0)
+        # (the scheduler leaves once every worker has unregistered; after a failure it may not)
+        _end([scheduler], wait=10.0 if codes and all(code == 0 for code in codes) else 1.0)
     failed = [r for r, code in enumerate(codes) if code != 0]
     if not failed:
         shutil.rmtree(logs, ignore_errors=True)
