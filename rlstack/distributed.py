@@ -183,7 +183,7 @@ def free_port() -> int:
 def launch(argv: list[str], cfg: Config, out: Path) -> int:
     """Start the scheduler and `learner.workers` workers on 127.0.0.1 (each `python -m
     rlstack.train argv --out out`), forward SIGINT / SIGTERM to the workers, wait, and return the
-    workers' exit status (rank 0's if it failed, else the first failure). Rank 0 writes to this
+    workers' exit status (that of the first to fail: 130 / 143 after a graceful stop). Rank 0 writes to this
     terminal; the other processes' output goes to a log directory, kept (and named) on failure."""
     if (out / "checkpoints" / "LATEST").exists():
         raise ConfigError(f"{out} already holds a run; choose another --out (a run of N workers is resumed "
@@ -218,7 +218,7 @@ def launch(argv: list[str], cfg: Config, out: Path) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     codes: list[int] = []
     try:
-        codes = _wait(workers)
+        codes, first = _wait(workers)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -226,30 +226,37 @@ def launch(argv: list[str], cfg: Config, out: Path) -> int:
             _end(workers, wait=5.0)
         # (the scheduler leaves once every worker has unregistered; after a failure it may not)
         _end([scheduler], wait=10.0 if codes and all(code == 0 for code in codes) else 1.0)
-    failed = [r for r, code in enumerate(codes) if code != 0]
-    if not failed:
-        shutil.rmtree(logs, ignore_errors=True)
-        return 0
     stops = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # a graceful stop, said by rank 0 already
+    if all(code in (0, *stops) for code in codes):
+        shutil.rmtree(logs, ignore_errors=True)
+    if first is None:
+        return 0
+    failed = [r for r, code in enumerate(codes) if code != 0]
     for r in [r for r in failed if codes[r] not in stops][:2]:
         if r and (logs / f"rank{r}.log").is_file():
             tail = (logs / f"rank{r}.log").read_text(errors="replace").splitlines()[-15:]
             print(f"--- rank {r} exited with {codes[r]}; last lines of {logs / f'rank{r}.log'}:", *tail,
                   sep="\n", file=sys.stderr)
-    return codes[0] if codes[0] != 0 else codes[failed[0]]
+    return codes[first]
 
 
-def _wait(workers: list[subprocess.Popen]) -> list[int]:
-    """Every worker's exit status; after the first failure the others get `GRACE_SECONDS`."""
-    deadline = None
-    while any(w.poll() is None for w in workers):
-        if deadline is None and any(w.returncode not in (None, 0) for w in workers):
+def _wait(workers: list[subprocess.Popen]) -> tuple[list[int], int | None]:
+    """Every worker's exit status and the rank that failed first (None: none failed); after the
+    first failure the others get `GRACE_SECONDS`."""
+    deadline, first = None, None
+    while None in (codes := [w.poll() for w in workers]):  # (every one polled: any() would stop early)
+        if deadline is None and any(code not in (None, 0) for code in codes):
             deadline = time.monotonic() + GRACE_SECONDS
+            first = next(r for r, code in enumerate(codes) if code not in (None, 0))
         if deadline is not None and time.monotonic() > deadline:
             _end(workers, wait=5.0)
             break
         time.sleep(0.1)
-    return [w.returncode for w in workers]
+    # A process ended by a signal has the shell's status for it (128 + signal), not a negative one.
+    codes = [128 - w.returncode if w.returncode < 0 else w.returncode for w in workers]
+    if first is None and any(codes):
+        first = next(r for r, code in enumerate(codes) if code)
+    return codes, first
 
 
 def _end(processes: list[subprocess.Popen], wait: float) -> None:

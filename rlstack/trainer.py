@@ -53,9 +53,9 @@ class Trainer:
 
     def __init__(self, cfg: Config, out_dir: str | Path | None = None, world: World | None = None):
         if cfg.learner.workers > 1 and world is None:
-            raise ConfigError(f"learner.workers={cfg.learner.workers} runs through `python -m rlstack.train`, which "
-                              "starts the workers (rlstack/distributed.py); a run stopped with N workers is resumed "
-                              "with learner.workers=1 (rank 0's checkpoint, not bit-exact)")
+            raise ConfigError(f"learner.workers={cfg.learner.workers} needs the workers `python -m rlstack.train` "
+                              "starts (rlstack/distributed.py); --resume does not start them: resume a run of N "
+                              "workers with learner.workers=1 (rank 0's checkpoint; not bit-exact)")
         self.cfg = cfg
         self.world = world
         """Data-parallel learners (`learner.workers` >= 2): this process's rank and the collectives."""

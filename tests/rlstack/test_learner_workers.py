@@ -82,5 +82,5 @@ def test_other_algorithms_are_refused_naming_ppo():
 
 
 def test_a_trainer_without_its_workers_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="runs through `python -m rlstack.train`"):
+    with pytest.raises(ConfigError, match="needs the workers `python -m rlstack.train` starts"):
         Trainer(load_config(None, ["learner.workers=2"]), tmp_path / "run")
