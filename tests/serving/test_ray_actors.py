@@ -222,12 +222,12 @@ def test_connect_four_self_play_with_two_actors_plays_the_pool_and_evaluates(bac
     extra = [f"ray.address={request.getfixturevalue('cluster').address}"] if backend == "ray" else []
     cfg = load_config("ppo_connect4_selfplay", [
         "actors=2", f"actors_backend={backend}", *extra, "env.n_envs=8", "net.hidden=[64,64]",
-        "train.total_steps=4096", "train.batch_size=256", "train.export_every=4", "train.progress=off",
-        "selfplay.eval_every=8", "selfplay.eval_games=4", "selfplay.minimax_depth=1", "selfplay.elo_games=2",
+        "train.total_steps=2048", "train.batch_size=256", "train.export_every=2", "train.progress=off",
+        "selfplay.eval_every=4", "selfplay.eval_games=4", "selfplay.minimax_depth=1", "selfplay.elo_games=2",
         "selfplay.elo_snapshots=1", "env.eval_episodes=2"])
     summary = Trainer(cfg, tmp_path / "run").train()
     assert summary["selfplay/vs_random"]["games"] == 4 and summary["selfplay/vs_minimax_d1"]["games"] == 4
-    assert len(summary["selfplay/history"]) == 2  # at update 8 and at the end (16)
+    assert len(summary["selfplay/history"]) == 2  # at update 4 and at the end (8)
     # Every game the actors played reached the learner's pool, and they played its exported versions.
     assert sum(summary["selfplay/pool_record"].values()) == summary["episodes"] > 0
     played = summary["selfplay/pool_played"]
