@@ -204,6 +204,60 @@ def test_a_new_version_reaches_every_replica_while_clients_send(
     print(f"hot reload on {REPLICAS} replicas under load: {len(answers)} requests, 0 failed")
 
 
+# ----- a two-node cluster ----------------------------------------------------------------------
+
+def test_two_replicas_on_the_worker_node_of_a_two_node_cluster(trained_run: Path,
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--ray-address`: the command joins a cluster of a head node (no CPUs) and a worker node (2
+    CPUs), all on 127.0.0.1; each replica needs a CPU, so both run on the worker node. They answer
+    as `load_policy` does and take a new version under load without a failed request."""
+    import os
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray is imported: loopback
+    import ray
+    from ray.cluster_utils import Cluster
+
+    root = tmp_path_factory.mktemp("replicas_cluster_root")
+    (root / "policy").mkdir()
+    publish(trained_run / "policy" / "v000001", root / "policy", "v000001")
+    refs = References(root / "policy")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=REPLICAS)
+    server = None
+    try:
+        ray.init(address=cluster.address)
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"} and len(ray.nodes()) == 2
+        server = ServerProcess([str(root), "--replicas", str(REPLICAS), "--ray-address", cluster.address,
+                                "--max-wait-ms", "5", "--reload-poll-s", "0.2"],
+                               tmp_path_factory.mktemp("replicas_cluster_log") / "server.log",
+                               env={"RLSTACK_TOKEN": TOKEN})
+        # The worker node's 2 CPUs are the cluster's only ones, and the replicas hold both.
+        assert ray.cluster_resources()["CPU"] == REPLICAS and ray.available_resources().get("CPU", 0) == 0
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=30.0) as client:
+            obs = np.random.default_rng(11).normal(size=(3, OBS_DIM)).astype(np.float32)
+            for i, o in enumerate(obs):
+                body = client.post("/v1/act", json={"obs": o.tolist(), "seed": 50 + i}).json()
+                ref = refs(body["policy_version"]).act(o, seed=50 + i)
+                assert (body["action"], np.float32(body["logp"])) == (int(ref.action), ref.logp)
+        with Clients(server.url, 6) as clients:
+            wait_for(lambda: len(clients.last_version_by_replica()) == REPLICAS, 60, "answers from both replicas")
+            publish(trained_run / "policy" / "v000002", root / "policy", "v000002")
+            wait_for(lambda: set(clients.last_version_by_replica().values()) == {"v000002"}, 60,
+                     "both replicas to answer with v000002")
+            seen = len(clients.answers())
+            wait_for(lambda: len(clients.answers()) > seen + 60, 30, "more answers")
+        answers = clients.answers()
+        assert [a[0] for a in answers] == [200] * len(answers), [a[4] for a in answers if a[0] != 200][:3]
+        assert_close_to_reference([(o, seed, body) for _, _, o, seed, body in answers], refs)
+        assert server.stop(timeout_s=60) == 0, server.log()
+        print(f"two-node cluster: {len(answers)} requests across the reload, 0 failed")
+    finally:
+        if server is not None:
+            server.stop()
+        ray.shutdown()
+        cluster.shutdown()
+
+
 # ----- the command -------------------------------------------------------------------------------
 
 def test_sigterm_drains_every_replica_and_stops_ray(server: ServerProcess) -> None:
