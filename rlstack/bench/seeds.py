@@ -70,10 +70,10 @@ LEARNING_RUNS: dict[str, LearningRun] = {
     "ppo": LearningRun("ppo_cartpole", "tests/algorithms/test_ppo.py::test_ppo_solves_cartpole_within_1e5_steps",
                        475.0),
     "ppo_actors": LearningRun("ppo_cartpole",
-                              "tests/serving/test_actor.py::test_ppo_solves_cartpole_with_two_actor_processes",
+                              "tests/serving/test_actor_backends.py::test_ppo_solves_cartpole_with_two_actor_processes",
                               475.0, ("actors=2",)),
     "ppo_ray_actors": LearningRun("ppo_cartpole",
-                                  "tests/serving/test_ray_actors.py::test_ppo_solves_cartpole_with_two_ray_actors_"
+                                  "tests/serving/test_actor_backends.py::test_ppo_solves_cartpole_with_two_ray_actors_"
                                   "one_killed_mid_run", 475.0, ("actors=2", "actors_backend=ray")),
     "dqn": LearningRun("dqn_cartpole", "tests/algorithms/test_dqn.py::test_dqn_solves_cartpole_within_5e4_steps",
                        475.0),
