@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from tests.serving.test_server import (
     OBS_DIM,
     TOKEN,
     References,
+    Senders,
     ServerProcess,
     assert_close_to_reference,
     publish,
@@ -58,50 +58,6 @@ def server(serve_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def refs(serve_root: Path) -> References:
     return References(serve_root / "policy")
-
-
-class Clients:
-    """Client threads sending seeded single-observation requests until stopped; each answer is kept
-    as (status, replica, obs, seed, body)."""
-
-    def __init__(self, url: str, n: int):
-        self.url, self.stop = url, threading.Event()
-        self.results: list[list[tuple[int, str, np.ndarray, int, dict]]] = [[] for _ in range(n)]
-        self.threads = [threading.Thread(target=self._send, args=(k,)) for k in range(n)]
-
-    def _send(self, k: int) -> None:
-        rng = np.random.default_rng(100 + k)
-        with httpx.Client(base_url=self.url, headers=AUTH, timeout=60.0) as c:
-            j = 0
-            while not self.stop.is_set():
-                obs, seed = rng.normal(size=OBS_DIM).astype(np.float32), 10_000 * k + j
-                try:
-                    r = c.post("/v1/act", json={"obs": obs.tolist(), "seed": seed})
-                    self.results[k].append((r.status_code, r.headers.get(REPLICA, ""), obs, seed, r.json()))
-                except (httpx.HTTPError, ValueError) as err:  # a failed request is a result too
-                    self.results[k].append((0, "", obs, seed, {"error": repr(err)}))
-                j += 1
-
-    def __enter__(self) -> Clients:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-    def answers(self) -> list[tuple[int, str, np.ndarray, int, dict]]:
-        return [r for rs in self.results for r in rs]
-
-    def last_version_by_replica(self) -> dict[str, str]:
-        last: dict[str, str] = {}
-        for rs in self.results:  # per client in order; any client's latest answer from a replica
-            for status, replica, _, _, body in rs:
-                if status == 200:
-                    last[replica] = max(last.get(replica, ""), body["policy_version"])
-        return last
 
 
 # ----- the cluster -----------------------------------------------------------------------------
@@ -151,14 +107,14 @@ def test_two_replicas_answer_as_load_policy_act(server: ServerProcess, refs: Ref
         assert body["action"] == ref.action.tolist()
         np.testing.assert_array_equal(np.array(body["logp"], np.float32), ref.logp)
     # Concurrent clients: Serve spreads them over both replicas, each batching its share.
-    with Clients(server.url, 8) as clients:
-        wait_for(lambda: len(clients.answers()) >= 400 and len(clients.last_version_by_replica()) == REPLICAS,
+    with Senders(server.url, 8, REPLICA) as clients:
+        wait_for(lambda: len(clients.answers()) >= 400 and len(clients.last_version_by_tag()) == REPLICAS,
                  60, "answers from both replicas")
     answers = clients.answers()
-    assert [a[0] for a in answers] == [200] * len(answers), [a[4] for a in answers if a[0] != 200][:3]
-    per_replica = {rep: sum(a[1] == rep for a in answers) for rep in {a[1] for a in answers}}
+    assert [a.status for a in answers] == [200] * len(answers), [a.body for a in answers if a.status != 200][:3]
+    per_replica = {rep: sum(a.tag == rep for a in answers) for rep in {a.tag for a in answers}}
     assert len(per_replica) == REPLICAS and all(n >= 20 for n in per_replica.values()), per_replica
-    assert_close_to_reference([(o, seed, body) for _, _, o, seed, body in answers], refs)
+    assert_close_to_reference([(a.obs, a.seed, a.body) for a in answers], refs)
     print(f"{len(answers)} concurrent answers by replica: {per_replica}")
 
 
@@ -181,23 +137,30 @@ def test_guards_and_routes_are_the_apps(server: ServerProcess) -> None:
 
 # ----- hot reload --------------------------------------------------------------------------------
 
-def test_a_new_version_reaches_every_replica_while_clients_send(
-        server: ServerProcess, serve_root: Path, trained_run: Path, refs: References) -> None:
-    with Clients(server.url, 6) as clients:
-        wait_for(lambda: len(clients.last_version_by_replica()) == REPLICAS, 30, "answers from both replicas")
-        assert set(clients.last_version_by_replica().values()) == {"v000001"}
-        publish(trained_run / "policy" / "v000002", serve_root / "policy", "v000002")
-        wait_for(lambda: set(clients.last_version_by_replica().values()) == {"v000002"}, 60,
+def publish_v2_under_load(url: str, trained_run: Path, policy_dir: Path, refs: References) -> list:
+    """Six clients on both replicas, serving v000001; v000002 published meanwhile, until both
+    replicas answer with it and 60 more answers came. Every answer 200 and as `load_policy`'s."""
+    with Senders(url, 6, REPLICA) as clients:
+        wait_for(lambda: len(clients.last_version_by_tag()) == REPLICAS, 60, "answers from both replicas")
+        assert set(clients.last_version_by_tag().values()) == {"v000001"}
+        publish(trained_run / "policy" / "v000002", policy_dir, "v000002")
+        wait_for(lambda: set(clients.last_version_by_tag().values()) == {"v000002"}, 60,
                  "both replicas to answer with v000002")
         seen = len(clients.answers())
         wait_for(lambda: len(clients.answers()) > seen + 60, 30, "more answers")
     answers = clients.answers()
-    assert [a[0] for a in answers] == [200] * len(answers), [a[4] for a in answers if a[0] != 200][:3]
+    assert [a.status for a in answers] == [200] * len(answers), [a.body for a in answers if a.status != 200][:3]
+    assert_close_to_reference([(a.obs, a.seed, a.body) for a in answers], refs)
+    return answers
+
+
+def test_a_new_version_reaches_every_replica_while_clients_send(
+        server: ServerProcess, serve_root: Path, trained_run: Path, refs: References) -> None:
+    answers = publish_v2_under_load(server.url, trained_run, serve_root / "policy", refs)
     by_replica: dict[str, set[str]] = {}
-    for _, replica, _, _, body in answers:
-        by_replica.setdefault(replica, set()).add(body["policy_version"])
+    for a in answers:
+        by_replica.setdefault(a.tag, set()).add(a.body["policy_version"])
     assert len(by_replica) == REPLICAS and all(v == {"v000001", "v000002"} for v in by_replica.values()), by_replica
-    assert_close_to_reference([(o, seed, body) for _, _, o, seed, body in answers], refs)
     # Each replica logged its own reload (Ray forwards the replicas' lines to the command's log).
     wait_for(lambda: len(re.findall(r"reload: now serving v000002", server.log())) == REPLICAS, 10,
              "both replicas' reload lines in the log")
@@ -239,16 +202,7 @@ def test_two_replicas_on_the_worker_node_of_a_two_node_cluster(trained_run: Path
                 body = client.post("/v1/act", json={"obs": o.tolist(), "seed": 50 + i}).json()
                 ref = refs(body["policy_version"]).act(o, seed=50 + i)
                 assert (body["action"], np.float32(body["logp"])) == (int(ref.action), ref.logp)
-        with Clients(server.url, 6) as clients:
-            wait_for(lambda: len(clients.last_version_by_replica()) == REPLICAS, 60, "answers from both replicas")
-            publish(trained_run / "policy" / "v000002", root / "policy", "v000002")
-            wait_for(lambda: set(clients.last_version_by_replica().values()) == {"v000002"}, 60,
-                     "both replicas to answer with v000002")
-            seen = len(clients.answers())
-            wait_for(lambda: len(clients.answers()) > seen + 60, 30, "more answers")
-        answers = clients.answers()
-        assert [a[0] for a in answers] == [200] * len(answers), [a[4] for a in answers if a[0] != 200][:3]
-        assert_close_to_reference([(o, seed, body) for _, _, o, seed, body in answers], refs)
+        answers = publish_v2_under_load(server.url, trained_run, root / "policy", refs)
         assert server.stop(timeout_s=60) == 0, server.log()
         print(f"two-node cluster: {len(answers)} requests across the reload, 0 failed")
     finally:

@@ -406,12 +406,25 @@ def test_token_guards_every_route_but_health(server: ServerProcess) -> None:
 
 # ----- hot reload --------------------------------------------------------------------------------
 
-class Senders:
-    """Client threads sending seeded single-observation requests until stopped."""
+class Sent(NamedTuple):
+    """One request of `Senders` and its answer (status 0: the request failed, `body` says how)."""
 
-    def __init__(self, url: str, n: int):
-        self.url, self.stop = url, threading.Event()
-        self.results: list[list[tuple[float, int, np.ndarray, int, dict]]] = [[] for _ in range(n)]
+    latency: float
+    status: int
+    obs: np.ndarray
+    seed: int
+    body: dict
+    tag: str
+    """The value of the response header `Senders` was asked to keep ("" if none)."""
+
+
+class Senders:
+    """Client threads sending seeded single-observation requests until stopped; `header`: a
+    response header kept with each answer (e.g. the replica that answered)."""
+
+    def __init__(self, url: str, n: int, header: str | None = None):
+        self.url, self.header, self.stop = url, header, threading.Event()
+        self.results: list[list[Sent]] = [[] for _ in range(n)]
         self.threads = [threading.Thread(target=self._send, args=(k,)) for k in range(n)]
 
     def _send(self, k: int) -> None:
@@ -421,8 +434,13 @@ class Senders:
             while not self.stop.is_set():
                 obs, seed = rng.normal(size=OBS_DIM).astype(np.float32), 10_000 * k + j
                 t0 = time.perf_counter()
-                r = c.post("/v1/act", json={"obs": obs.tolist(), "seed": seed})
-                self.results[k].append((time.perf_counter() - t0, r.status_code, obs, seed, r.json()))
+                try:
+                    r = c.post("/v1/act", json={"obs": obs.tolist(), "seed": seed})
+                    tag = r.headers.get(self.header, "") if self.header else ""
+                    sent = Sent(time.perf_counter() - t0, r.status_code, obs, seed, r.json(), tag)
+                except (httpx.HTTPError, ValueError) as err:  # a failed request is a result too
+                    sent = Sent(time.perf_counter() - t0, 0, obs, seed, {"error": repr(err)}, "")
+                self.results[k].append(sent)
                 j += 1
 
     def __enter__(self) -> Senders:
@@ -437,6 +455,17 @@ class Senders:
 
     def versions_seen(self) -> set[str]:
         return {r[4].get("policy_version") for rs in self.results for r in rs}
+
+    def answers(self) -> list[Sent]:
+        return [r for rs in self.results for r in rs]
+
+    def last_version_by_tag(self) -> dict[str, str]:
+        """Tag (e.g. replica) -> the newest policy version any client got from it."""
+        last: dict[str, str] = {}
+        for r in self.answers():
+            if r.status == 200:
+                last[r.tag] = max(last.get(r.tag, ""), r.body["policy_version"])
+        return last
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -461,7 +490,7 @@ def test_new_version_published_while_clients_send_is_picked_up(
     for rs in senders.results:  # each client sees the old version, then only the new one
         versions = [r[4]["policy_version"] for r in rs]
         assert versions == sorted(versions) and set(versions) <= {"v000001", "v000002"}
-    assert_close_to_reference([(obs, seed, body) for _, _, obs, seed, body in answers], refs)
+    assert_close_to_reference([(a.obs, a.seed, a.body) for a in answers], refs)
     v1, v2 = refs("v000001"), refs("v000002")
     probe = np.random.default_rng(0).normal(size=(64, OBS_DIM)).astype(np.float32)
     assert not np.array_equal(v1.act(probe, seed=0).logp, v2.act(probe, seed=0).logp)  # really new weights
