@@ -31,7 +31,6 @@ Ray is imported only here: the core finds this backend by name (`rlstack.registr
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -44,40 +43,37 @@ import numpy as np
 from rlstack.acting import FlatWeights
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory, allocate
 from rlstack.envs.selfplay import follower_pool, load_player
+from rlstack.serving import ray_cluster
 from rlstack.serving.actor import actor_spec
 
-LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-"""Set to 0 before Ray is imported, a Ray instance started in this process binds 127.0.0.1 (Ray
-reads it once, at import: `ray._private.ray_constants.ENABLE_RAY_CLUSTER`); otherwise Ray binds
-the machine's interface address even for a single machine (measured: 192.0.2.2 here, and
-`ray.init(_node_ip_address="127.0.0.1")` did not change that)."""
 
-
-def _ray(local: bool) -> Any:
-    if local and "ray" not in sys.modules:
-        os.environ.setdefault(LOCAL_ONLY_ENV, "0")
+def _ray(address: str | None) -> Any:
+    """`ray`, imported after `ray_cluster.prepare` (a cluster on this machine stays on loopback)."""
+    if "ray" not in sys.modules:
+        ray_cluster.prepare(address)
     try:
         import ray
     except ImportError:
-        raise ActorError("actors_backend: ray needs Ray, which is not installed: pip install -e \".[ray]\" "
+        raise ActorError(f"actors_backend: ray needs Ray, which is not installed: {ray_cluster.INSTALL} "
                          "(or use actors_backend: process)") from None
     return ray
 
 
 def connect(address: str | None) -> Any:
     """Ray, initialised in this process: joined to the cluster at `address` (`auto`, `host:port`),
-    or a new instance on this machine bound to 127.0.0.1 when `address` is None. A process that
-    has already initialised Ray (a notebook, a test's cluster) keeps its connection."""
-    ray = _ray(local=address is None)
+    or a new instance on this machine bound to 127.0.0.1 when `address` is None (a new one even
+    when `$RAY_ADDRESS` or a `ray start` cluster exists, which `ray.init()` would join). A process
+    that has already initialised Ray (a notebook, a test's cluster) keeps its connection."""
+    ray = _ray(address)
     if ray.is_initialized():
         return ray
-    unreachable = _unreachable(address)
+    unreachable = ray_cluster.unreachable(address)
     if unreachable:
         raise ActorError(f"could not reach the Ray cluster at ray.address={address!r}: {unreachable}. "
                          f"{START_CLUSTER}")
     try:
         if address is None:
-            ray.init(include_dashboard=False, configure_logging=False)
+            ray.init(address="local", include_dashboard=False, configure_logging=False)
         else:
             ray.init(address=address, configure_logging=False)
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as err:
@@ -90,28 +86,11 @@ START_CLUSTER = ("Start the cluster first (`ray start --head` on its head node) 
                  "address (host:port, or auto on a node of the cluster); leave ray.address unset to run Ray "
                  "on this machine only")
 
-CONNECT_TIMEOUT_S = 5.0
-
 RESTART_TIMEOUT_S = 300.0
 """How long an actor may stay down (Ray restarting it) before training stops."""
 
 RETRY_S = 0.5
 """Pause before calling an actor again that refused a call while restarting."""
-
-
-def _unreachable(address: str | None) -> str | None:
-    """Why nothing answers at `host:port` (a TCP connect), else None. Without this check Ray tries
-    to reach an absent cluster for over a minute before it gives up (measured: 76 s)."""
-    if address is None or address == "auto" or "://" in address:
-        return None  # a local instance; `auto` (Ray finds the cluster itself); a Ray Client URL
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return "expected host:port, auto, or a ray:// URL"
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-            return None
-    except OSError as err:
-        return f"{type(err).__name__}: {err}"
 
 
 class _Collector:

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from rlstack.serving import ray_cluster
 from rlstack.serving.app import ASGIApp, Receive, Scope, Send, create_app
 from rlstack.serving.settings import ServeSettings
 
@@ -35,20 +36,7 @@ APP_NAME = "rlstack"
 REPLICA_HEADER = "x-rlstack-replica"
 """Response header naming the replica that answered (its Serve replica id)."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-RAY_INSTALL = 'pip install -e ".[ray]"'
-
-# Ray 2.60 turns `ray.init(_node_ip_address="127.0.0.1")` into this machine's routable address
-# (services.resolve_ip_for_localhost), and its GCS and raylet then listen on every interface
-# (measured). With this variable at 0, read once when `ray` is imported, the node's address is
-# loopback, and so is every port Ray's own processes listen on (measured). One exception is Ray
-# Serve's: each replica starts its inter-deployment gRPC server on "[::]:0", hard-coded in
-# serve/_private/replica.py (guarded by Ray's token authentication, on by default in 2.60).
-# Despite its name the variable only means "single-machine cluster" on Linux.
-_RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def _is_loopback(address: str) -> bool:
-    return address == "localhost" or address.startswith("127.") or address in ("::1", "::ffff:127.0.0.1")
+RAY_INSTALL = ray_cluster.INSTALL
 
 
 def prepare_ray(settings: ServeSettings) -> str | None:
@@ -57,11 +45,12 @@ def prepare_ray(settings: ServeSettings) -> str | None:
     Starts nothing: the CLI calls it before it checks the policy and before any process starts."""
     if importlib.util.find_spec("ray") is None:  # finding a top-level package imports nothing
         return f"--replicas {settings.replicas} runs on Ray Serve, which is not installed: {RAY_INSTALL}"
-    host = (settings.ray_address or "").rsplit(":", 1)[0]
-    if settings.ray_address is None or _is_loopback(host):  # a cluster on this machine's loopback
-        if "ray" in sys.modules:
-            return "Ray was imported before its loopback-only setting was made; start a fresh process"
-        os.environ[_RAY_LOCAL_ONLY_ENV] = "0"
+    problem = ray_cluster.prepare(settings.ray_address)  # loopback for a cluster on this machine
+    if problem:
+        return problem
+    problem = ray_cluster.unreachable(settings.ray_address)
+    if problem:
+        return f"--ray-address {settings.ray_address}: nothing answers there ({problem})"
     # Each replica's log lines reach this console; Ray's de-duplication would show only one replica's.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
@@ -141,11 +130,11 @@ def start_ray(settings: ServeSettings) -> bool:
     if settings.ray_address is not None:
         ray.init(address=settings.ray_address, logging_level=logging.WARNING)
         return False
-    if os.environ.get(_RAY_LOCAL_ONLY_ENV) != "0":
+    if os.environ.get(ray_cluster.LOCAL_ONLY_ENV) != "0":
         raise RuntimeError("prepare_ray() must run before Ray is imported")
     # address="local": a new cluster even when $RAY_ADDRESS or a `ray start` cluster on this
     # machine exists (ray.init() would join those). _node_ip_address alone does not keep Ray on
-    # loopback (see _RAY_LOCAL_ONLY_ENV). No dashboard. Enough CPUs declared for every replica to
+    # loopback (see serving/ray_cluster.py). No dashboard. Enough CPUs declared for every replica to
     # be placed (each asks for one).
     ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
              num_cpus=max(os.cpu_count() or 1, settings.replicas), logging_level=logging.WARNING)
@@ -202,7 +191,7 @@ def run_replicas(settings: ServeSettings, *, switch_interval_s: float) -> int:
         log.info("Ray %s %s (nodes: %s); starting Serve's HTTP proxy on %s:%d and %d replicas",
                  ray.__version__, "started here" if started_here else f"joined at {settings.ray_address}",
                  ", ".join(nodes), settings.host, port, settings.replicas)
-        if started_here and not all(map(_is_loopback, nodes)):
+        if started_here and not all(map(ray_cluster.is_loopback, nodes)):
             raise RuntimeError(f"the local Ray node is not on loopback ({', '.join(nodes)}): refusing to serve")
         serve.start(http_options={"host": settings.host, "port": port,
                                   "keep_alive_timeout_s": math.ceil(settings.keep_alive_s)})

@@ -235,3 +235,12 @@ def test_without_ray_the_cli_names_the_install_command(trained_run: Path) -> Non
     assert done.returncode == 2, done.stderr
     assert 'pip install -e ".[ray]"' in done.stderr and "Ray Serve" in done.stderr
     assert "Uvicorn running" not in done.stderr + done.stdout
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_at_once(trained_run: Path) -> None:
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "rlstack.serve", str(trained_run), "--replicas", "2",
+                           "--ray-address", "127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "--ray-address 127.0.0.1:9: nothing answers there" in done.stderr
+    assert time.monotonic() - t0 < 30  # Ray itself would try for over a minute
