@@ -40,7 +40,7 @@ class LearningRun:
     @property
     def threshold(self) -> str:
         if self.min_return is None:
-            return "0 losses in 100 games against perfect play"
+            return "0 losses in 100 games against perfect play and 0 in 100 against random"
         return f"eval/mean_return >= {self.min_return:g}"
 
     def train(self, seed: int, out: str | Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -55,15 +55,20 @@ class LearningRun:
 def tictactoe_losses_to_perfect_play(run_dir: str | Path, games: int = 100) -> Any:
     """The exported policy (argmax moves) against the perfect player: a `MatchResult`, seats
     alternating, the perfect player choosing at random among its optimal moves."""
+    return tictactoe_match(run_dir, "perfect", games)
+
+
+def tictactoe_match(run_dir: str | Path, opponent: str, games: int = 100) -> Any:
+    """The exported policy (argmax moves) against `perfect` or `random` (`make_player`'s names):
+    a `MatchResult`, seats alternating."""
     import numpy as np
 
     from rlstack.envs.games import TICTACTOE
-    from rlstack.envs.minimax import perfect_player
-    from rlstack.envs.selfplay import load_player
+    from rlstack.envs.selfplay import load_player, make_player
     from rlstack.selfplay_eval import play_match
 
     policy = load_player(run_dir, TICTACTOE, sample=False)  # the exported graph, argmax moves
-    return play_match(TICTACTOE, policy, perfect_player(TICTACTOE, seed=123), games, np.random.default_rng(7))
+    return play_match(TICTACTOE, policy, make_player(TICTACTOE, opponent, seed=123), games, np.random.default_rng(7))
 
 
 LEARNING_RUNS: dict[str, LearningRun] = {
@@ -102,9 +107,11 @@ def _one(name: str, seed: int, extra: tuple[str, ...]) -> dict[str, Any]:
                                "final_policy": summary.get("final_policy"),
                                "eval_mean_return": round(summary["eval/mean_return"], 2)}
         if run.min_return is None:
-            match = tictactoe_losses_to_perfect_play(out)
-            row.update(result=f"{match.losses} losses ({match.wins}/{match.draws}/{match.losses})",
-                       passed=match.losses == 0)
+            perfect, random = tictactoe_match(out, "perfect"), tictactoe_match(out, "random")
+            row.update(result=f"{perfect.losses} losses to perfect play (W/D/L {perfect.wins}/{perfect.draws}/"
+                              f"{perfect.losses}), {random.losses} to random ({random.wins}/{random.draws}/"
+                              f"{random.losses})",
+                       passed=perfect.losses == 0 and random.losses == 0)
         else:
             row.update(result=row["eval_mean_return"], passed=summary["eval/mean_return"] >= run.min_return)
     return row
