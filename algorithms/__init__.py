@@ -1,3 +1,3 @@
-"""The algorithms (PPO, DQN, SAC), each one file, each registered by name for the trainer."""
+"""The algorithms (PPO, DQN, SAC, AlphaZero), each one file, each registered by name for the trainer."""
 
-from rlstack.algorithms import dqn, ppo, sac  # noqa: F401  (register "dqn", "ppo", "sac")
+from rlstack.algorithms import alphazero, dqn, ppo, sac  # noqa: F401  (register "alphazero", "dqn", "ppo", "sac")

@@ -302,8 +302,13 @@ def _rollout_needs(cfg: Config, chunk: int, obs_dim: int, action_dim: int, discr
 def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool) -> list[Need]:
     """The replay buffer, as rlstack/replay.py stores a transition (obs and next_obs float32, the
     action, reward float32, terminated and truncated bool), and the K x B rows one update samples,
-    gathered on the host and copied into Tensors (SAC adds two noise arrays)."""
+    gathered on the host and copied into Tensors (SAC adds two noise arrays); a search learner's
+    replay of positions (`algorithms/alphazero.py`)."""
     tc = cfg.train
+    if hasattr(tc, "replay_positions"):  # a search learner: obs, the search's distribution, the outcome
+        row = FLOAT * (obs_dim + action_dim + 1)
+        return [Need("the replay of positions", (("train.replay_positions", tc.replay_positions),),
+                     tc.replay_positions * row, tc.replay_positions, detail=f"{row} B per position")]
     if not isinstance(tc, OffPolicyConfig):
         return []
     transition = 2 * FLOAT * obs_dim + FLOAT * (1 if discrete else action_dim) + FLOAT + 1 + 1

@@ -65,6 +65,8 @@ class Trajectory(NamedTuple):
     act_seconds: float
     pool_record: dict | None = None  # self-play in an actor: the games its opponent pool recorded
     # (`OpponentPool.take_record`), for the learner's pool (its gate and totals)
+    policy_target: np.ndarray | None = None  # [T, N, n_actions] search learners (`rlstack.search`):
+    # the search's move distribution at each position, the policy head's target
 
     def staleness(self, updates: int) -> dict[str, float]:
         """`rollout/…` scalars: learner updates since the weights that chose each step (and, from

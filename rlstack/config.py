@@ -211,6 +211,9 @@ class SelfPlayConfig:
     """Latest exported versions in the Elo table (with random, minimax and the current agent)."""
     elo_games: int = 20
     """Games per pair in the Elo round robin (all players sample their moves)."""
+    eval_search: int = 0
+    """Also evaluate the agent with tree search of this many simulations per move on its graph
+    (`rlstack/search.py`), reported apart from its policy's moves (`eval/search/…`; 0: off)."""
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """`python -m rlstack.play RUN_DIR --game connect4`: a person plays a trained agent in the terminal.
 
 The agent is the exported graph (`load_policy`: a run dir, its `policy/` dir or one version dir),
-playing its argmax move unless `--sample`. The board is drawn after every move with the legal
-moves listed; input is checked (a number, in range, legal) and asked again when wrong.
+playing its argmax move unless `--sample`, or with `--search N` the most visited move of a tree
+search of N simulations whose leaves that graph evaluates (`rlstack/search.py`). The board is
+drawn after every move with the legal moves listed; input is checked (a number, in range,
+legal) and asked again when wrong.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlstack.envs.games import ENV_IDS, GAMES, TwoPlayerGame, game_spec
-from rlstack.envs.selfplay import PolicyPlayer
+from rlstack.envs.selfplay import Player, PolicyPlayer
 
 SYMBOLS = ("X", "O")
 
@@ -24,7 +26,7 @@ def game_of_manifest(manifest: dict) -> str | None:
     return ENV_IDS.get(str(manifest.get("env_id", "")))
 
 
-def play_game(agent: PolicyPlayer, game: TwoPlayerGame, human_first: bool,
+def play_game(agent: Player, game: TwoPlayerGame, human_first: bool,
               read: Callable[[str], str] = input, write: Callable[[str], None] = print,
               rng: np.random.Generator | None = None) -> float:
     """One game; returns the human's result (+1 win, 0 draw, -1 loss). `read`/`write` are the terminal."""
@@ -81,8 +83,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the game (default: from the policy's manifest)")
     parser.add_argument("--first", choices=("human", "agent"), default="human", help="who moves first")
     parser.add_argument("--sample", action="store_true", help="the agent samples its moves (default: argmax)")
+    parser.add_argument("--search", type=int, default=0, metavar="N",
+                        help="the agent searches N simulations per move (AlphaZero's tree search on the "
+                             "exported graph; default 0: its policy's move)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the agent's sampling")
     args = parser.parse_args(argv)
+    if args.search < 0:
+        parser.error(f"--search must be >= 0 simulations, got {args.search}")
+    if args.search and args.sample:
+        parser.error("--search plays the most visited move; it cannot be combined with --sample")
 
     from rlstack.acting import load_policy
     from rlstack.artifact import ArtifactError, read_manifest, resolve_version_dir
@@ -100,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     except ArtifactError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    game = TwoPlayerGame(spec)
-    play_game(PolicyPlayer(policy, sample=args.sample), game, args.first == "human",
-              rng=np.random.default_rng(args.seed))
+    if args.search:
+        from rlstack.search import SearchPlayer
+
+        agent: Player = SearchPlayer(policy, spec, args.search)
+    else:
+        agent = PolicyPlayer(policy, sample=args.sample)
+    play_game(agent, TwoPlayerGame(spec), args.first == "human", rng=np.random.default_rng(args.seed))
     return 0
 
 

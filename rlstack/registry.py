@@ -50,6 +50,13 @@ class Algorithm(Protocol):
         the in-process actor refreshes those inputs when it changes. `()` if nothing."""
 
 
+# Optional on an algorithm:
+# - `make_source(acting, counters, rng)` -> an object with `get() -> Trajectory` and `publish()`:
+#   the algorithm makes its own chunks instead of the env collector, with the in-process acting
+#   graph (a search learner's self-play games: `algorithms/alphazero.py`);
+# - `summary() -> dict`: entries the trainer adds to `summary.json`.
+
+
 @dataclass(frozen=True)
 class AlgorithmEntry:
     name: str

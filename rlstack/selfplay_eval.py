@@ -43,6 +43,7 @@ from rlstack.envs.selfplay import (
     load_player,
 )
 from rlstack.fsutil import atomic_write_text
+from rlstack.search import SearchPlayer
 
 if TYPE_CHECKING:
     from rlstack.acting import Acting
@@ -170,6 +171,8 @@ class SelfPlayHook:
         for key in ("eval_games", "minimax_depth", "elo_games"):
             if getattr(cfg, key) < 1:
                 raise ConfigError(f"'selfplay.{key}' must be >= 1, got {getattr(cfg, key)}")
+        if cfg.eval_search < 0:
+            raise ConfigError(f"'selfplay.eval_search' must be >= 0 simulations, got {cfg.eval_search}")
         if config.env.kwargs.get("opponent") is not None:
             # env.kwargs.opponent (random, minimax:D, perfect, a policy path) fixes the opponent:
             # no self-play pool, the evaluations still run.
@@ -239,6 +242,8 @@ class SelfPlayHook:
             record[f"vs_{opponent.name}"] = result.as_dict()
         if self.exhaustive:
             record["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
+        if cfg.eval_search:
+            record["search"] = self._matches(SearchPlayer(agent.acting, self.spec, cfg.eval_search, name=CURRENT))
         elo, vs_snapshots = self._elo()
         record["elo"] = elo
         record["vs_snapshots"] = vs_snapshots
@@ -260,6 +265,14 @@ class SelfPlayHook:
             for stat in ("draw_rate", "loss_rate"):
                 scalars[f"eval/vs_every_perfect_line/{stat}"] = lines[stat]
             text = f", every perfect line W/D/L {lines['wins']}/{lines['draws']}/{lines['losses']}"
+        searched = record.get("search")
+        if searched is not None:
+            matches = {key: r for key, r in searched.items() if key != "simulations"}
+            for key, result in matches.items():
+                for stat in ("win_rate", "draw_rate", "loss_rate"):
+                    scalars[f"eval/search/{key}/{stat}"] = result[stat]
+            text += f"; with search of {searched['simulations']} simulations " + ", ".join(
+                f"{key.removeprefix('vs_')} {r['wins']}/{r['draws']}/{r['losses']}" for key, r in matches.items())
         self.log.scalars(scalars, c.steps)
         # Fewest losses against perfect play (every line where the game is small enough), then
         # against the sampled minimax games, then against random; then most wins against random.
@@ -272,6 +285,16 @@ class SelfPlayHook:
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out / "eval.json", json.dumps(self.history, indent=2))
         return record
+
+    def _matches(self, agent: SearchPlayer) -> dict[str, Any]:
+        """The searching agent's W/D/L against random, minimax and (tic-tac-toe) every perfect line."""
+        cfg, rng = self.cfg, self.rng
+        out: dict[str, Any] = {f"vs_{o.name}": play_match(self.spec, agent, o, cfg.eval_games, rng).as_dict()
+                               for o in (self.random, self.minimax)}
+        if self.exhaustive:
+            out["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
+        out["simulations"] = cfg.eval_search
+        return out
 
     def _elo(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         from rlstack.artifact import list_versions
@@ -310,6 +333,7 @@ class SelfPlayHook:
             "selfplay/vs_random": last[f"vs_{self.random.name}"],
             f"selfplay/vs_{self.minimax.name}": last[f"vs_{self.minimax.name}"],
             "selfplay/vs_every_perfect_line": last.get("vs_every_perfect_line"),
+            "selfplay/search": last.get("search"),
             "selfplay/vs_snapshots": last["vs_snapshots"],
             "selfplay/elo": last["elo"],
             "selfplay/pool": self.pool.names,

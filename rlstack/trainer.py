@@ -210,6 +210,7 @@ class Trainer:
                              f"{best.steps:,} steps)")
         summary = self._summarize(self.export(), best is not None, elapsed, start_steps)
         summary.update(self.actor_stats)
+        summary.update(getattr(self.algo, "summary", dict)())  # an algorithm's own entries (optional)
         if selfplay is not None:
             summary.update(selfplay.finish(self.counters, again=best is not None))
         self.log.close()
@@ -227,6 +228,12 @@ class Trainer:
             if self.ckpt.resumed_from is not None:
                 self.log.message("resumed with actors: their environments start from a fresh reset and chunks "
                                  "arrive in the order the actors finish them (the run is not bit-exact)")
+        elif hasattr(self.algo, "make_source"):  # a search learner plays its own games (rlstack/search.py)
+            source = self.algo.make_source(self._in_process(acting), self.counters, self.rng)
+            publish = source.publish
+            if self.ckpt.resumed_from is not None:
+                self.log.message("resumed a search learner: its self-play games and replay start afresh "
+                                 "(the run is not bit-exact)")
         else:
             source = local_source(self.cfg, self.algo, self.envs, self._in_process(acting), self.counters, self.rng)
             publish = source.publish

@@ -62,10 +62,13 @@ class CensusError(RuntimeError):
 
 def budget(cfg: Any) -> list[str]:
     """Overrides for a short run: on-policy three rollouts (three updates); off-policy the replay
-    filled to one minibatch, then at least 20 vector steps and three `train_freq` rounds."""
+    filled to one minibatch, then at least 20 vector steps and three `train_freq` rounds; a
+    search learner about three updates of self-play games."""
     train, n_envs = cfg.train, cfg.env.n_envs
     if hasattr(train, "n_steps"):
         return [f"train.total_steps={3 * train.n_steps * n_envs}"]
+    if hasattr(train, "games_per_update"):  # a search learner: about three updates (games of >= 5 moves)
+        return [f"train.total_steps={3 * train.games_per_update * 5}"]
     starts = -(-train.batch_size // n_envs) * n_envs
     return [f"train.learning_starts={starts}",
             f"train.total_steps={starts + max(3 * train.train_freq, 20) * n_envs}"]

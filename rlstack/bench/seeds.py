@@ -34,7 +34,7 @@ class LearningRun:
     default suite, whose tests exercise the same path on a shorter run)."""
     min_return: float | None
     """The test's threshold on the final deterministic evaluation (`eval/mean_return`); None for
-    tic-tac-toe, whose test asserts no loss against perfect play instead."""
+    tic-tac-toe, whose tests assert no loss against perfect play (and the random player) instead."""
     overrides: tuple[str, ...] = field(default=())
 
     @property
@@ -92,6 +92,10 @@ LEARNING_RUNS: dict[str, LearningRun] = {
     "tictactoe": LearningRun(
         "ppo_tictactoe_selfplay",
         "tests/envs/test_selfplay.py::test_tictactoe_selfplay_agent_never_loses_to_a_perfect_player",
+        None),
+    "alphazero_tictactoe": LearningRun(
+        "alphazero_tictactoe",
+        "tests/algorithms/test_alphazero.py::test_alphazero_tictactoe_never_loses_to_perfect_play_with_or_without_search",
         None),
 }
 

@@ -61,3 +61,21 @@ def test_cli_refuses_a_policy_of_another_game(tmp_path):
                           input="", capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "observations of shape (27,)" in proc.stderr
+
+
+def test_cli_search_blocks_a_loss_in_one_that_the_raw_policy_misses(tmp_path):
+    # The policy only knows to want the centre; after X 0, O 4, X 1 (threatening 2) the search
+    # of 16 simulations on its graph blocks at 2, which its argmax move does not.
+    export_tictactoe(tmp_path / "policy")
+    raw = PolicyPlayer(load_policy(tmp_path), sample=False)
+    game = TicTacToe()
+    for move in (0, 4, 1):
+        game.step(move)
+    assert int(raw.act(game.flat_obs()[None], np.random.default_rng(0))[0]) != 2
+    proc = subprocess.run([sys.executable, "-m", "rlstack.play", str(tmp_path), "--first", "human", "--search", "16"],
+                          input="0\n1\nq\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "agent plays cell 4" in proc.stdout and "agent plays cell 2" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "rlstack.play", str(tmp_path), "--search", "-1"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--search must be >= 0" in bad.stderr

@@ -1,0 +1,58 @@
+"""AlphaZero: its settings checked, and tic-tac-toe learnt to perfect play from a fixed seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlstack.acting import load_policy
+from rlstack.bench.seeds import LEARNING_RUNS
+from rlstack.config import ConfigError, load_config
+from rlstack.envs.games import TICTACTOE
+from rlstack.envs.minimax import perfect_player
+from rlstack.envs.selfplay import PolicyPlayer, RandomPlayer
+from rlstack.search import SearchPlayer
+from rlstack.selfplay_eval import play_match
+
+
+@pytest.mark.parametrize("override, words", [
+    (["actors=1"], "actors: 0"),
+    (["env.id=CartPole-v1"], "rlstack/TicTacToe-v0"),
+    (["train.batch_size=512", "train.replay_positions=256"], "replay_positions"),
+    (["train.simulations=0"], "train.simulations"),
+    (["train.dirichlet_fraction=2"], "dirichlet_fraction"),
+    (["selfplay.eval_search=-1"], None),
+])
+def test_alphazero_settings_are_checked(override, words, tmp_path):
+    if words is None:  # checked when the evaluation hook is built, before training
+        from rlstack.trainer import Trainer
+
+        with pytest.raises(ConfigError, match="selfplay.eval_search"):
+            Trainer(load_config("alphazero_tictactoe", override), tmp_path / "run").train()
+        return
+    with pytest.raises(ConfigError, match=words):
+        load_config("alphazero_tictactoe", override)
+
+
+# ----- learning -----------------------------------------------------------------------------------
+# configs/alphazero_tictactoe.yaml as it ships (60k positions, ~6,700 self-play games of 32
+# simulations per move). `python -m rlstack.bench seeds --runs alphazero_tictactoe` trains it
+# from other seeds.
+
+@pytest.mark.learning
+@pytest.mark.timeout(900)
+def test_alphazero_tictactoe_never_loses_to_perfect_play_with_or_without_search(tmp_path):
+    run = LEARNING_RUNS["alphazero_tictactoe"]
+    summary = run.train(0, tmp_path / "run")
+    assert summary["total_steps"] >= 60_000 and summary["updates"] >= 60
+    # The final evaluation played every line of perfect play with the searching agent too.
+    search = summary["selfplay/search"]
+    assert search["simulations"] == 32 and search["vs_every_perfect_line"]["losses"] == 0
+    acting = load_policy(tmp_path / "run")  # the exported graph
+    rng = np.random.default_rng(7)
+    for agent in (PolicyPlayer(acting, sample=False), SearchPlayer(acting, TICTACTOE, 32)):
+        # 100 games, seats alternating, the perfect player choosing among its optimal moves.
+        result = play_match(TICTACTOE, agent, perfect_player(TICTACTOE, seed=123), 100, rng)
+        assert result.games == 100 and result.losses == 0, f"{agent.name} lost to perfect play: {result}"
+        result = play_match(TICTACTOE, agent, RandomPlayer(TICTACTOE), 100, rng)
+        assert result.losses == 0, f"{agent.name} lost to the random player: {result}"
