@@ -131,7 +131,8 @@ class TrainConfig:
     (export and `summary.json`'s evaluation) is the network of the best periodic evaluation instead
     of the last one, as SB3's EvalCallback best model. On the games the best evaluation is the one
     with the fewest losses to perfect play over every line (tic-tac-toe with perfect minimax), then
-    to minimax in the sampled games, then to the random player, then the most wins against it.
+    to minimax in the sampled games, then to the random player, then the most wins against it
+    (with `selfplay.eval_search`, the searching agent's results first, then the policy's own).
     The checkpoint keeps the last network, so `--resume` continues the run itself."""
 
 

@@ -276,8 +276,18 @@ class SelfPlayHook:
         self.log.scalars(scalars, c.steps)
         # Fewest losses against perfect play (every line where the game is small enough), then
         # against the sampled minimax games, then against random; then most wins against random.
-        rank = (-(lines or m)["losses"], -m["losses"], -r["losses"], r["wins"])
-        if self.keep_best is not None and self.keep_best((m["wins"] - m["losses"]) / m["games"], rank):
+        # With `eval_search` the searching agent's losses come first (it is how the agent plays),
+        # then the policy's own losses, then the wins of each.
+        losses, wins = _rank(lines, m, r)
+        score = (m["wins"] - m["losses"]) / m["games"]
+        if searched is not None:
+            sm = searched[f"vs_{self.minimax.name}"]
+            search_losses, search_wins = _rank(searched.get("vs_every_perfect_line"), sm,
+                                               searched[f"vs_{self.random.name}"])
+            losses, wins = search_losses + losses, search_wins + wins
+            score = (sm["wins"] - sm["losses"]) / sm["games"]
+        rank = losses + wins
+        if self.keep_best is not None and self.keep_best(score, rank):
             text += " (best so far)"
         self.log.message(
             f"selfplay eval @ {c.steps:,} steps: vs random W/D/L {r['wins']}/{r['draws']}/{r['losses']}, "
@@ -341,6 +351,13 @@ class SelfPlayHook:
             "selfplay/pool_played": dict(self.pool.played),
             "selfplay/history": self.history,
         }
+
+
+def _rank(lines: dict | None, minimax: dict, random: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An evaluation's rank for `train.keep_best` (larger is better), as (losses, wins): fewest
+    losses over every perfect line (tic-tac-toe), then in the minimax games, then against random;
+    then most wins against random."""
+    return (-(lines or minimax)["losses"], -minimax["losses"], -random["losses"]), (random["wins"],)
 
 
 def _flip(result: MatchResult) -> MatchResult:
