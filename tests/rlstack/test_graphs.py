@@ -47,8 +47,9 @@ def test_log_lines_are_joined_into_one_row_per_graph():
     # Five rollouts of 64 envs x 16 steps (the census's three give 48 acting calls).
     ("ppo_tictactoe_selfplay.yaml", ["train.total_steps=5120"]),
     ("ppo_connect4_selfplay.yaml", []),  # three rollouts of 64 envs x 32 steps
-    # About three updates of 64 searched self-play games: one acting call per simulation.
-    ("alphazero_tictactoe.yaml", []),
+    # About three updates of 64 searched self-play games: one acting call per simulation (the
+    # evaluations' searching agent off: the same acting graph, at more batch sizes).
+    ("alphazero_tictactoe.yaml", ["selfplay.eval_search=0", "selfplay.eval_every=0"]),
 ])
 def test_acting_and_update_graphs_run_single_threaded(config, overrides, record_property):
     rows = graphs.census(CONFIGS / config, overrides, timeout=300)
