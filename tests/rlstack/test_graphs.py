@@ -58,8 +58,8 @@ def test_acting_and_update_graphs_run_single_threaded(config, overrides, record_
 
     act = [r for r in rows if r["graph"] == "act"]
     assert act, f"no acting graph among {[r['graph'] for r in rows]}"
+    assert sum(row["calls"] for row in act) >= 64  # one call per vector step (or search simulation)
     for row in act:
-        assert row["calls"] >= 64  # one call per vector step
         assert 0 < row["kernels"] <= graphs.SINGLE_THREAD_MAX_KERNELS, row
         assert row["mode"] == "single", row
         assert row["ms_per_call"] > 0
