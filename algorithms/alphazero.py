@@ -141,16 +141,12 @@ class PositionReplay:
         self.capacity, self.size, self.next = capacity, 0, 0
 
     def add(self, rows: np.ndarray) -> None:
-        for row in np.array_split(rows, max(1, -(-len(rows) // self.capacity))):
-            end = self.next + len(row)
-            if end <= self.capacity:
-                self.rows[self.next:end] = row
-            else:
-                first = self.capacity - self.next
-                self.rows[self.next:] = row[:first]
-                self.rows[:end - self.capacity] = row[first:]
-            self.next = end % self.capacity
-            self.size = min(self.capacity, self.size + len(row))
+        """Append rows, overwriting the oldest (as `rlstack.replay.ReplayBuffer.add` does)."""
+        n, kept = len(rows), rows[-self.capacity:]  # more rows than the capacity: the newest stay
+        index = (self.next + n - len(kept) + np.arange(len(kept))) % self.capacity
+        self.rows[index] = kept
+        self.next = int((self.next + n) % self.capacity)
+        self.size = min(self.capacity, self.size + n)
 
     def sample(self, batch: int, rng: np.random.Generator) -> np.ndarray:
         return self.rows[rng.integers(0, self.size, batch)]
