@@ -8,9 +8,10 @@ trained (its in-process acting graph):
 
 - W/D/L against the uniform random player and against minimax of `selfplay.minimax_depth`
   (the agent plays its argmax move; the opponents break ties at random, so games differ);
-- on tic-tac-toe with perfect minimax, W/D/L over *every* line of perfect play (`every_perfect_line`):
-  exact where sampled games are not (an agent that lost 0 of 200 sampled games was seen to lose
-  1 of 200 in the next evaluation);
+- on tic-tac-toe with perfect minimax, W/D/L over *every* line of perfect play (`every_perfect_line`)
+  and over every line of every legal reply (`every_reply_line`): exact where sampled games are
+  not (an agent that lost 0 of 200 sampled games was seen to lose 1 of 200 in the next
+  evaluation);
 - an Elo table (Bradley-Terry fit, 400-point logistic scale, random player anchored at 0) of
   random, minimax, the last `selfplay.elo_snapshots` exported versions and the current agent, from
   a round robin in which every player samples its moves. Results of pairs that cannot change
@@ -101,6 +102,22 @@ def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
     move (one batched call per ply). Counts are of lines (leaves), from the agent's side, so
     `losses == 0` means no perfect player, however it breaks ties, can beat the agent.
     Only for small games (tic-tac-toe: a few hundred lines): the tree grows with every tie."""
+    return every_line(spec, agent, lambda boards: [perfect.best_moves(*planes_to_bits(p)) for p in boards.planes()],
+                      rng)
+
+
+def every_reply_line(spec: GameSpec, agent: Player, rng: np.random.Generator | None = None) -> MatchResult:
+    """The deterministic `agent` against *every* legal reply at every opponent turn, in both seats
+    (tic-tac-toe: about 1,300 lines). `losses == 0` means no opponent at all (random, perfect or
+    any other) can beat the agent; `losses` counts the lines where some opponent can."""
+    return every_line(spec, agent, lambda boards: [np.flatnonzero(m) for m in boards.legal_mask()], rng)
+
+
+def every_line(spec: GameSpec, agent: Player, replies: Callable[[Boards], list], rng: np.random.Generator | None = None
+               ) -> MatchResult:
+    """The deterministic `agent` in both seats against an opponent that follows every move of
+    `replies(boards)` (one list of moves per live game): counts of lines (leaves), from the
+    agent's side. The agent is asked once per ply for all live lines."""
     rng = rng or np.random.default_rng(0)
     wins = draws = losses = 0
     for seat in (0, 1):
@@ -116,7 +133,7 @@ def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
             if boards.to_move[0] == seat:  # every live game is at the same ply
                 boards.play(np.asarray(agent.act(boards.flat_obs(), rng)).reshape(-1))
                 continue
-            moves = [perfect.best_moves(*planes_to_bits(p)) for p in boards.planes()]
+            moves = replies(boards)
             boards = boards.take(np.repeat(np.arange(boards.n), [len(m) for m in moves]))
             boards.play(np.concatenate([np.asarray(m, np.int64) for m in moves]))
     return MatchResult(wins, draws, losses)
@@ -242,6 +259,7 @@ class SelfPlayHook:
             record[f"vs_{opponent.name}"] = result.as_dict()
         if self.exhaustive:
             record["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
+            record["vs_every_line"] = every_reply_line(self.spec, agent, rng).as_dict()
         if cfg.eval_search:
             record["search"] = self._matches(SearchPlayer(agent.acting, self.spec, cfg.eval_search, name=CURRENT))
         elo, vs_snapshots = self._elo()
@@ -264,7 +282,10 @@ class SelfPlayHook:
         if lines is not None:
             for stat in ("draw_rate", "loss_rate"):
                 scalars[f"eval/vs_every_perfect_line/{stat}"] = lines[stat]
-            text = f", every perfect line W/D/L {lines['wins']}/{lines['draws']}/{lines['losses']}"
+                scalars[f"eval/vs_every_line/{stat}"] = record["vs_every_line"][stat]
+            every = record["vs_every_line"]
+            text = (f", every perfect line W/D/L {lines['wins']}/{lines['draws']}/{lines['losses']}"
+                    f", every line {every['wins']}/{every['draws']}/{every['losses']}")
         searched = record.get("search")
         if searched is not None:
             matches = {key: r for key, r in searched.items() if key != "simulations"}
@@ -274,16 +295,15 @@ class SelfPlayHook:
             text += f"; with search of {searched['simulations']} simulations " + ", ".join(
                 f"{key.removeprefix('vs_')} {r['wins']}/{r['draws']}/{r['losses']}" for key, r in matches.items())
         self.log.scalars(scalars, c.steps)
-        # Fewest losses against perfect play (every line where the game is small enough), then
-        # against the sampled minimax games, then against random; then most wins against random.
-        # With `eval_search` the searching agent's losses come first (it is how the agent plays),
+        # Fewest losing lines against any opponent, then against perfect play (where the game is
+        # small enough to play every line); then the minimax games' wins minus losses, the fewest
+        # losses against random, the most wins against random. With `eval_search` the searching agent's losses come first (it is how the agent plays),
         # then the policy's own losses, then the wins of each.
-        losses, wins = _rank(lines, m, r)
+        losses, wins = _rank(record, m, r)
         score = (m["wins"] - m["losses"]) / m["games"]
         if searched is not None:
             sm = searched[f"vs_{self.minimax.name}"]
-            search_losses, search_wins = _rank(searched.get("vs_every_perfect_line"), sm,
-                                               searched[f"vs_{self.random.name}"])
+            search_losses, search_wins = _rank(searched, sm, searched[f"vs_{self.random.name}"])
             losses, wins = search_losses + losses, search_wins + wins
             score = (sm["wins"] - sm["losses"]) / sm["games"]
         rank = losses + wins
@@ -303,6 +323,7 @@ class SelfPlayHook:
                                for o in (self.random, self.minimax)}
         if self.exhaustive:
             out["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
+            out["vs_every_line"] = every_reply_line(self.spec, agent, rng).as_dict()
         out["simulations"] = cfg.eval_search
         return out
 
@@ -343,6 +364,7 @@ class SelfPlayHook:
             "selfplay/vs_random": last[f"vs_{self.random.name}"],
             f"selfplay/vs_{self.minimax.name}": last[f"vs_{self.minimax.name}"],
             "selfplay/vs_every_perfect_line": last.get("vs_every_perfect_line"),
+            "selfplay/vs_every_line": last.get("vs_every_line"),
             "selfplay/search": last.get("search"),
             "selfplay/vs_snapshots": last["vs_snapshots"],
             "selfplay/elo": last["elo"],
@@ -353,11 +375,14 @@ class SelfPlayHook:
         }
 
 
-def _rank(lines: dict | None, minimax: dict, random: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """An evaluation's rank for `train.keep_best` (larger is better), as (losses, wins): fewest
-    losses over every perfect line (tic-tac-toe), then in the minimax games, then against random;
-    then most wins against random."""
-    return (-(lines or minimax)["losses"], -minimax["losses"], -random["losses"]), (random["wins"],)
+def _rank(record: dict, minimax: dict, random: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An evaluation's rank for `train.keep_best` (larger is better), as (losses, wins): where
+    every line was played (tic-tac-toe), the fewest losing lines against any reply, then against
+    perfect play; then the most minimax wins minus losses (against perfect play: the fewest
+    losses), the fewest losses against random; then the most wins against random."""
+    every, perfect = record.get("vs_every_line"), record.get("vs_every_perfect_line")
+    lines = (-every["losses"], -perfect["losses"]) if every is not None and perfect is not None else ()
+    return (*lines, minimax["wins"] - minimax["losses"], -random["losses"]), (random["wins"],)
 
 
 def _flip(result: MatchResult) -> MatchResult:

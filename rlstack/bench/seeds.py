@@ -71,6 +71,16 @@ def tictactoe_match(run_dir: str | Path, opponent: str, games: int = 100) -> Any
     return play_match(TICTACTOE, policy, make_player(TICTACTOE, opponent, seed=123), games, np.random.default_rng(7))
 
 
+def tictactoe_every_line(run_dir: str | Path) -> Any:
+    """The exported policy (argmax moves) against every legal reply at every opponent turn, both
+    seats (`every_reply_line`): a `MatchResult` of lines; 0 losses means no opponent can beat it."""
+    from rlstack.envs.games import TICTACTOE
+    from rlstack.envs.selfplay import load_player
+    from rlstack.selfplay_eval import every_reply_line
+
+    return every_reply_line(TICTACTOE, load_player(run_dir, TICTACTOE, sample=False))
+
+
 LEARNING_RUNS: dict[str, LearningRun] = {
     "ppo": LearningRun("ppo_cartpole", "tests/algorithms/test_ppo.py::test_ppo_solves_cartpole_within_1e5_steps",
                        475.0),
@@ -112,9 +122,10 @@ def _one(name: str, seed: int, extra: tuple[str, ...]) -> dict[str, Any]:
                                "eval_mean_return": round(summary["eval/mean_return"], 2)}
         if run.min_return is None:
             perfect, random = tictactoe_match(out, "perfect"), tictactoe_match(out, "random")
+            lines = tictactoe_every_line(out)
             row.update(result=f"{perfect.losses} losses to perfect play (W/D/L {perfect.wins}/{perfect.draws}/"
                               f"{perfect.losses}), {random.losses} to random ({random.wins}/{random.draws}/"
-                              f"{random.losses})",
+                              f"{random.losses}); {lines.losses} losing lines of {lines.games} against every reply",
                        passed=perfect.losses == 0 and random.losses == 0)
         else:
             row.update(result=row["eval_mean_return"], passed=summary["eval/mean_return"] >= run.min_return)

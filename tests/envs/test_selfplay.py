@@ -395,3 +395,24 @@ def test_every_perfect_line_is_exact_on_tictactoe():
     assert lines.losses > 0 and lines.games == lines.wins + lines.draws + lines.losses
     sampled = play_match(TICTACTOE, FirstFree(), perfect_player(TICTACTOE, seed=5), 100, np.random.default_rng(0))
     assert sampled.losses > 0
+
+
+def test_every_reply_line_covers_every_opponent_on_tictactoe():
+    from rlstack.envs.minimax import Minimax
+    from rlstack.selfplay_eval import every_perfect_line, every_reply_line
+
+    # Perfect play loses no line whatever the opponent does, and wins the lines where the
+    # opponent blunders; the first free cell loses lines to random replies too.
+    perfect = perfect_player(TICTACTOE, seed=1)
+    every = every_reply_line(TICTACTOE, perfect)
+    assert every.losses == 0 and every.wins > 0 and every.draws > 0
+    # Both seats, every legal reply: at most 8*6*4*2 lines with the agent first, 9*7*5*3 second.
+    assert every.games <= 8 * 6 * 4 * 2 + 9 * 7 * 5 * 3
+
+    class FirstFree:
+        def act(self, obs, rng):
+            return np.argmax(obs[:, -9:] > 0, axis=1)
+
+    lines = every_reply_line(TICTACTOE, FirstFree())
+    perfect_lines = every_perfect_line(TICTACTOE, FirstFree(), Minimax(TICTACTOE, 9, seed=0))
+    assert lines.losses >= perfect_lines.losses > 0
