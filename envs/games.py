@@ -186,13 +186,14 @@ class Boards:
         self.over[i] = won | (self.n_moves[i] == self.spec.n_cells)
         self.to_move[i] = 1 - mover
 
-    def winning_moves(self, idx: np.ndarray | None = None) -> np.ndarray:
+    def winning_moves(self, idx: np.ndarray | None = None, opponent: bool = False) -> np.ndarray:
         """[n, n_actions] bool: the legal moves that win at once for the player to move (a line of
         `connect` cells with `connect - 1` of the mover's pieces and its last cell free and
-        reachable now). All False in finished games."""
+        reachable now); with `opponent`, the moves that would win for the other player if it were
+        to move (its threats). All False in finished games."""
         i = self._idx(idx)
         windows = self.spec.windows()
-        mover = self.to_move[i]
+        mover = self.to_move[i] if not opponent else 1 - self.to_move[i]
         mine = self.stones[i, mover].astype(np.float32) @ windows.T  # [n, n_windows]
         theirs = self.stones[i, 1 - mover].astype(np.float32) @ windows.T
         open_line = (mine == self.spec.connect - 1) & (theirs == 0)

@@ -154,7 +154,9 @@ def search(boards: Boards, evaluate: Evaluator, settings: SearchSettings,
             node[idx[~stop]] = nxt[~stop]
 
         # Leaf values for the player to move there: a finished game is a loss for them (the last
-        # mover completed a line) or a draw; a win in one is +1; otherwise the value head.
+        # mover completed a line) or a draw; a win in one is +1; without one, facing two or more
+        # winning moves of the opponent is -1 (a block stops one, the opponent plays another);
+        # otherwise the value head.
         value = np.zeros(g)
         ended = leaf.over
         value[ended] = np.where(leaf.winner[ended] >= 0, -1.0, 0.0)
@@ -163,7 +165,8 @@ def search(boards: Boards, evaluate: Evaluator, settings: SearchSettings,
             leaf_prior, leaf_value = evaluate(leaf.flat_obs(fresh))
             calls += 1
             wins = leaf.winning_moves(fresh).any(1)
-            value[fresh] = np.where(wins, 1.0, leaf_value)
+            lost = leaf.winning_moves(fresh, opponent=True).sum(1) >= 2
+            value[fresh] = np.where(wins, 1.0, np.where(lost, -1.0, leaf_value))
             last = depth[fresh] - 1
             parent, edge = np.stack(path_node)[last, fresh], np.stack(path_action)[last, fresh]
             new = used[fresh]

@@ -55,6 +55,23 @@ def test_search_takes_a_win_in_one_and_blocks_a_loss_in_one(simulations):
     assert result.value[0] > 0.5  # the winner to move knows it
 
 
+@pytest.mark.parametrize("simulations", [8, 16])
+def test_search_makes_a_double_threat_and_values_facing_one_as_lost(simulations):
+    rng = np.random.default_rng(0)
+    # Connect Four, X to move with two in the bottom row (columns 2-3, O above them): column 1 or
+    # 4 makes three with both ends open, two winning moves that O cannot both block.
+    c4 = positions(CONNECT_FOUR, [[2, 2, 3, 3]])
+    result = search(c4, uniform(CONNECT_FOUR), SearchSettings(simulations=simulations))
+    assert choose(result, rng)[0] in (1, 4)
+    assert result.value[0] > 0.5
+    # O to move facing that double threat (no win of its own): lost, whatever it plays.
+    facing = positions(CONNECT_FOUR, [[2, 2, 3, 3, 4]])
+    assert facing.winning_moves(opponent=True)[0].nonzero()[0].tolist() == [1, 5]
+    assert not facing.winning_moves()[0].any()
+    result = search(facing, uniform(CONNECT_FOUR), SearchSettings(simulations=simulations))
+    assert result.value[0] < -0.5
+
+
 def random_positions(spec, n, rng):
     boards = Boards(spec, n)
     for i in range(n):
