@@ -186,24 +186,27 @@ class Boards:
         self.over[i] = won | (self.n_moves[i] == self.spec.n_cells)
         self.to_move[i] = 1 - mover
 
-    def winning_moves(self, idx: np.ndarray | None = None, opponent: bool = False) -> np.ndarray:
-        """[n, n_actions] bool: the legal moves that win at once for the player to move (a line of
-        `connect` cells with `connect - 1` of the mover's pieces and its last cell free and
-        reachable now); with `opponent`, the moves that would win for the other player if it were
-        to move (its threats). All False in finished games."""
+    def threats(self, idx: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """([n, n_actions] bool, same): the legal moves that win at once for the player to move (a
+        line of `connect` cells with `connect - 1` of its pieces, none of the other's, and its last
+        cell free and reachable now), and those that would win for the opponent if it were to
+        move. All False in finished games."""
         i = self._idx(idx)
         windows = self.spec.windows()
-        mover = self.to_move[i] if not opponent else 1 - self.to_move[i]
-        mine = self.stones[i, mover].astype(np.float32) @ windows.T  # [n, n_windows]
-        theirs = self.stones[i, 1 - mover].astype(np.float32) @ windows.T
-        open_line = (mine == self.spec.connect - 1) & (theirs == 0)
+        mover = self.to_move[i]
+        counts = [self.stones[i, p].astype(np.float32) @ windows.T for p in (mover, 1 - mover)]  # [n, n_windows]
         empty = ~(self.stones[i, 0] | self.stones[i, 1])
-        completes = (open_line.astype(np.float32) @ windows > 0) & empty  # [n, n_cells]
         legal = self.legal_mask(i)
         cells = np.broadcast_to(np.arange(self.spec.n_actions), legal.shape)
         if self.spec.gravity:  # the lowest empty row of each column (a full column is not legal)
             cells = (self.spec.rows - 1 - self.heights[i]) * self.spec.cols + cells
-        return legal & np.take_along_axis(completes, np.where(legal, cells, 0), 1)
+        cells = np.where(legal, cells, 0)
+        wins = []
+        for own, other in (counts, counts[::-1]):
+            open_line = (own == self.spec.connect - 1) & (other == 0)
+            completes = (open_line.astype(np.float32) @ windows > 0) & empty  # [n, n_cells]
+            wins.append(legal & np.take_along_axis(completes, cells, 1))
+        return wins[0], wins[1]
 
     def describe_illegal(self, game: int, action: int) -> str:
         spec = self.spec

@@ -164,8 +164,8 @@ def search(boards: Boards, evaluate: Evaluator, settings: SearchSettings,
         if len(fresh):
             leaf_prior, leaf_value = evaluate(leaf.flat_obs(fresh))
             calls += 1
-            wins = leaf.winning_moves(fresh).any(1)
-            lost = leaf.winning_moves(fresh, opponent=True).sum(1) >= 2
+            mine, theirs = leaf.threats(fresh)
+            wins, lost = mine.any(1), theirs.sum(1) >= 2
             value[fresh] = np.where(wins, 1.0, np.where(lost, -1.0, leaf_value))
             last = depth[fresh] - 1
             parent, edge = np.stack(path_node)[last, fresh], np.stack(path_action)[last, fresh]

@@ -208,3 +208,25 @@ def test_render_shows_pieces_and_columns():
     text = play(ConnectFour(), [0, 1]).render()
     assert text.splitlines()[-1] == "0 1 2 3 4 5 6"
     assert text.splitlines()[-2].startswith("X O .")
+
+
+@pytest.mark.parametrize("spec", [TICTACTOE, CONNECT_FOUR], ids=lambda s: s.name)
+def test_threats_are_the_moves_that_win_at_once_for_either_player(spec):
+    rng = np.random.default_rng(3)
+    boards = Boards(spec, 300)
+    for _ in range(spec.n_cells):  # random games, some finished, many mid-game
+        live = np.flatnonzero(~boards.over & (rng.random(boards.n) < 0.8))
+        if len(live):
+            moves = [rng.choice(np.flatnonzero(m)) for m in boards.legal_mask(live)]
+            boards.play(np.array(moves), live)
+    mine, theirs = boards.threats()
+    for g in range(boards.n):
+        for player, threats in ((boards.to_move[g], mine), (1 - boards.to_move[g], theirs)):
+            expect = np.zeros(spec.n_actions, bool)
+            if not boards.over[g]:
+                for move in np.flatnonzero(boards.legal_mask([g])[0]):
+                    trial = boards.take([g])
+                    trial.to_move[0] = player  # as if `player` were to move
+                    trial.play(np.array([move]))
+                    expect[move] = trial.winner[0] == player
+            assert threats[g].tolist() == expect.tolist(), (g, player)

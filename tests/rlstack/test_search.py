@@ -66,8 +66,8 @@ def test_search_makes_a_double_threat_and_values_facing_one_as_lost(simulations)
     assert result.value[0] > 0.5
     # O to move facing that double threat (no win of its own): lost, whatever it plays.
     facing = positions(CONNECT_FOUR, [[2, 2, 3, 3, 4]])
-    assert facing.winning_moves(opponent=True)[0].nonzero()[0].tolist() == [1, 5]
-    assert not facing.winning_moves()[0].any()
+    mine, theirs = facing.threats()
+    assert theirs[0].nonzero()[0].tolist() == [1, 5] and not mine[0].any()
     result = search(facing, uniform(CONNECT_FOUR), SearchSettings(simulations=simulations))
     assert result.value[0] < -0.5
 
