@@ -108,7 +108,7 @@ def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
 
 def every_reply_line(spec: GameSpec, agent: Player, rng: np.random.Generator | None = None) -> MatchResult:
     """The deterministic `agent` against *every* legal reply at every opponent turn, in both seats
-    (tic-tac-toe: about 1,300 lines). `losses == 0` means no opponent at all (random, perfect or
+    (tic-tac-toe: at most 8*6*4*2 + 9*7*5*3 = 1,329 lines). `losses == 0` means no opponent at all (random, perfect or
     any other) can beat the agent; `losses` counts the lines where some opponent can."""
     return every_line(spec, agent, lambda boards: [np.flatnonzero(m) for m in boards.legal_mask()], rng)
 
@@ -297,8 +297,9 @@ class SelfPlayHook:
         self.log.scalars(scalars, c.steps)
         # Fewest losing lines against any opponent, then against perfect play (where the game is
         # small enough to play every line); then the minimax games' wins minus losses, the fewest
-        # losses against random, the most wins against random. With `eval_search` the searching agent's losses come first (it is how the agent plays),
-        # then the policy's own losses, then the wins of each.
+        # losses against random, the most wins against random (`_rank`). With `eval_search` the
+        # searching agent's losses come first (it is how the agent plays), then the policy's own
+        # losses, then the wins of each.
         losses, wins = _rank(record, m, r)
         score = (m["wins"] - m["losses"]) / m["games"]
         if searched is not None:
