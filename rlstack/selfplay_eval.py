@@ -277,13 +277,12 @@ class SelfPlayHook:
         for name, rating in elo.items():
             scalars[f"eval/elo/{name}"] = rating
         r, m = record[f"vs_{self.random.name}"], record[f"vs_{self.minimax.name}"]
-        lines = record.get("vs_every_perfect_line")
+        lines, every = record.get("vs_every_perfect_line"), record.get("vs_every_line")
         text = ""
         if lines is not None:
             for stat in ("draw_rate", "loss_rate"):
                 scalars[f"eval/vs_every_perfect_line/{stat}"] = lines[stat]
-                scalars[f"eval/vs_every_line/{stat}"] = record["vs_every_line"][stat]
-            every = record["vs_every_line"]
+                scalars[f"eval/vs_every_line/{stat}"] = every[stat]
             text = (f", every perfect line W/D/L {lines['wins']}/{lines['draws']}/{lines['losses']}"
                     f", every line {every['wins']}/{every['draws']}/{every['losses']}")
         searched = record.get("search")
@@ -381,8 +380,8 @@ def _rank(record: dict, minimax: dict, random: dict) -> tuple[tuple[int, ...], t
     every line was played (tic-tac-toe), the fewest losing lines against any reply, then against
     perfect play; then the most minimax wins minus losses (against perfect play: the fewest
     losses), the fewest losses against random; then the most wins against random."""
-    every, perfect = record.get("vs_every_line"), record.get("vs_every_perfect_line")
-    lines = (-every["losses"], -perfect["losses"]) if every is not None and perfect is not None else ()
+    every, perfect = record.get("vs_every_line"), record.get("vs_every_perfect_line")  # both or neither
+    lines = (-every["losses"], -perfect["losses"]) if every is not None else ()
     return (*lines, minimax["wins"] - minimax["losses"], -random["losses"]), (random["wins"],)
 
 
