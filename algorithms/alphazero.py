@@ -64,6 +64,10 @@ class AlphaZeroConfig(TrainConfig):
     """Adam learning rate: a number, or `lin_X` for a linear decay from X to 0."""
     vf_coef: float = 1.0
     """Weight of the value loss against the policy cross-entropy."""
+    augment: bool = True
+    """Train on each sampled position in a random symmetry of the board, its policy target
+    moved with it (Connect Four's mirror image, tic-tac-toe's 8 rotations and reflections), as
+    AlphaGo Zero did: the rules are symmetric, so every position is worth 2 (8) positions."""
     weight_decay: float = 0.0
     """L2 regularisation (Adam's weight decay). Off by default: it adds two kernels per
     parameter to the update graph, which crosses the 100-kernel line with a [64, 64] network
@@ -134,11 +138,18 @@ class AlphaZeroStep(nn.Cell):
 
 
 class PositionReplay:
-    """The most recent positions (flat obs, policy target, outcome), packed as the step's columns."""
+    """The most recent positions (flat obs, policy target, outcome), packed as the step's columns;
+    with `symmetries` (`GameSpec.symmetries()`) each sampled row comes in a random one of them."""
 
-    def __init__(self, capacity: int, width: int):
+    def __init__(self, capacity: int, width: int, symmetries: tuple[np.ndarray, np.ndarray] | None = None):
         self.rows = np.zeros((capacity, width), np.float32)
         self.capacity, self.size, self.next = capacity, 0, 0
+        self.permutations = None
+        if symmetries is not None:  # [K, width]: obs and target permuted, the outcome kept
+            obs, moves = symmetries
+            self.permutations = np.concatenate(
+                [obs, obs.shape[1] + moves, np.full((len(obs), width - obs.shape[1] - moves.shape[1]),
+                                                    obs.shape[1] + moves.shape[1])], 1)
 
     def add(self, rows: np.ndarray) -> None:
         """Append rows, overwriting the oldest (as `rlstack.replay.ReplayBuffer.add` does)."""
@@ -149,7 +160,11 @@ class PositionReplay:
         self.size = min(self.capacity, self.size + n)
 
     def sample(self, batch: int, rng: np.random.Generator) -> np.ndarray:
-        return self.rows[rng.integers(0, self.size, batch)]
+        index = rng.integers(0, self.size, batch)
+        if self.permutations is None:
+            return self.rows[index]
+        columns = self.permutations[rng.integers(0, len(self.permutations), batch)]
+        return self.rows[index[:, None], columns]
 
 
 class SearchSource:
@@ -198,7 +213,8 @@ class AlphaZero:
         self.chunk_steps = 1
         self.step = AlphaZeroStep(self.network, self.optimizer, self.cfg)
         self.update = LeanCall(self.step, state=written_by(self.step))
-        self.replay = PositionReplay(self.cfg.replay_positions, self.network.obs_dim + self.network.action_dim + 1)
+        self.replay = PositionReplay(self.cfg.replay_positions, self.network.obs_dim + self.network.action_dim + 1,
+                                     self.spec.symmetries() if self.cfg.augment else None)
         self.games: SelfPlayGames | None = None
 
     def make_source(self, acting: Any, counters: Any, rng: np.random.Generator) -> SearchSource:

@@ -67,6 +67,13 @@ class GameSpec:
         """The float32 vector `[planes.ravel(), mask]` the network and exported graph take."""
         return MaskedBox(self.observation_space())
 
+    def symmetries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The board's symmetries as permutations of the flat observation [K, 2 n_cells + n] and
+        of the moves [K, n], the identity first: the transformed position's entry j is the
+        original's entry `perm[j]`. Connect Four has its mirror image (gravity rules out the
+        rest), tic-tac-toe the 8 rotations and reflections of the square."""
+        return _symmetries(self)
+
 
 TICTACTOE = GameSpec("tictactoe", rows=3, cols=3, connect=3, gravity=False)
 CONNECT_FOUR = GameSpec("connect4", rows=6, cols=7, connect=4, gravity=True)
@@ -99,6 +106,22 @@ def _windows(spec: GameSpec) -> np.ndarray:
     windows = np.stack(lines)
     windows.flags.writeable = False
     return windows
+
+
+@functools.cache
+def _symmetries(spec: GameSpec) -> tuple[np.ndarray, np.ndarray]:
+    grid = np.arange(spec.n_cells).reshape(spec.rows, spec.cols)
+    maps = [grid, grid[:, ::-1]]
+    if not spec.gravity:
+        maps += [grid[::-1], grid[::-1, ::-1]]
+        if spec.rows == spec.cols:
+            maps += [m.T for m in maps]
+    cells = np.stack([m.ravel() for m in maps])  # [K, n_cells]
+    moves = cells[:, :spec.cols] if spec.gravity else cells  # a column is its top cell's column
+    planes = (2 * cells[:, :, None] + np.arange(2)).reshape(len(cells), -1)  # [rows, cols, 2] raveled
+    obs = np.concatenate([planes, 2 * spec.n_cells + moves], 1)
+    obs.flags.writeable = moves.flags.writeable = False
+    return obs, moves
 
 
 class Boards:
