@@ -12,6 +12,8 @@ self-play, evaluation, `rlstack.play --search N` and the server all run what tra
 - a replay of the most recent positions (`train.replay_positions`) instead of the last 500k
   games, and an update (`train.gradient_steps` Adam steps) after every `train.games_per_update`
   finished games;
+- each sampled position is trained on in a random symmetry of the board (`train.augment`), as
+  AlphaGo Zero did (AlphaZero dropped it to cover chess and shogi, which have no such symmetry);
 - the value head is linear (no tanh) and trained by MSE to the outcome, as the paper's loss;
   L2 regularisation (Adam's `weight_decay`) is off by default (the update graph's kernel count).
 """

@@ -34,6 +34,31 @@ def test_alphazero_settings_are_checked(override, words, tmp_path):
         load_config("alphazero_tictactoe", override)
 
 
+def test_replay_samples_each_position_in_one_of_the_boards_symmetries():
+    """Augmented samples are the stored rows with obs and policy target permuted together by one
+    symmetry of the board, the outcome kept; every symmetry turns up."""
+    from rlstack.algorithms.alphazero import PositionReplay
+    from rlstack.envs.games import CONNECT_FOUR
+
+    obs_perm, move_perm = CONNECT_FOUR.symmetries()
+    d, n = obs_perm.shape[1], move_perm.shape[1]
+    rng = np.random.default_rng(0)
+    rows = rng.random((50, d + n + 1)).astype(np.float32)  # distinct values: a permutation is visible
+    replay = PositionReplay(50, d + n + 1, CONNECT_FOUR.symmetries())
+    replay.add(rows)
+    seen = set()
+    for row in replay.sample(400, rng):
+        source = rows[np.flatnonzero(np.isin(rows[:, -1], row[-1]))[0]]
+        k = [i for i in range(len(obs_perm))
+             if np.array_equal(row[:d], source[:d][obs_perm[i]]) and np.array_equal(row[d:d + n], source[d:d + n][move_perm[i]])]
+        assert len(k) == 1, "a sampled row is not one symmetry of a stored row"
+        seen.add(k[0])
+    assert seen == {0, 1}
+    plain = PositionReplay(50, d + n + 1)
+    plain.add(rows)
+    assert all(any(np.array_equal(row, r) for r in rows) for row in plain.sample(50, rng))
+
+
 # ----- learning -----------------------------------------------------------------------------------
 # configs/alphazero_tictactoe.yaml as it ships (40k positions, ~4,500 self-play games of 32
 # simulations per move). `python -m rlstack.bench seeds --runs alphazero_tictactoe` trains it

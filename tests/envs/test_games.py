@@ -230,3 +230,26 @@ def test_threats_are_the_moves_that_win_at_once_for_either_player(spec):
                     trial.play(np.array([move]))
                     expect[move] = trial.winner[0] == player
             assert threats[g].tolist() == expect.tolist(), (g, player)
+
+
+@pytest.mark.parametrize("spec, count", [(CONNECT_FOUR, 2), (TICTACTOE, 8)], ids=["connect4", "tictactoe"])
+def test_symmetries_carry_every_position_and_move_over(spec, count):
+    """A game replayed with every move transformed is, ply by ply, the transformed position: the
+    observation permuted, the threats permuted with the moves, the same winner."""
+    obs_perm, move_perm = spec.symmetries()
+    assert len(obs_perm) == len(move_perm) == count
+    assert len({tuple(p) for p in obs_perm}) == count  # distinct, the identity first
+    assert obs_perm[0].tolist() == list(range(obs_perm.shape[1]))
+    rng = np.random.default_rng(5)
+    for obs_k, move_k in zip(obs_perm, move_perm, strict=True):
+        inverse = np.argsort(move_k)
+        original, moved = Boards(spec, 40), Boards(spec, 40)
+        while not original.over.all():
+            live = np.flatnonzero(~original.over)
+            moves = np.array([rng.choice(np.flatnonzero(m)) for m in original.legal_mask(live)])
+            original.play(moves, live)
+            moved.play(inverse[moves], live)
+            assert np.array_equal(moved.flat_obs(), original.flat_obs()[:, obs_k])
+            for got, want in zip(moved.threats(), original.threats(), strict=True):
+                assert np.array_equal(got, want[:, move_k])
+        assert np.array_equal(moved.winner, original.winner)
