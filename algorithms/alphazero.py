@@ -147,11 +147,9 @@ class PositionReplay:
         self.rows = np.zeros((capacity, width), np.float32)
         self.capacity, self.size, self.next = capacity, 0, 0
         self.permutations = None
-        if symmetries is not None:  # [K, width]: obs and target permuted, the outcome kept
+        if symmetries is not None:  # [K, width]: obs and target permuted, the outcome (last) kept
             obs, moves = symmetries
-            self.permutations = np.concatenate(
-                [obs, obs.shape[1] + moves, np.full((len(obs), width - obs.shape[1] - moves.shape[1]),
-                                                    obs.shape[1] + moves.shape[1])], 1)
+            self.permutations = np.concatenate([obs, obs.shape[1] + moves, np.full((len(obs), 1), width - 1)], 1)
 
     def add(self, rows: np.ndarray) -> None:
         """Append rows, overwriting the oldest (as `rlstack.replay.ReplayBuffer.add` does)."""
