@@ -108,8 +108,9 @@ def every_perfect_line(spec: GameSpec, agent: Player, perfect: Minimax,
 
 def every_reply_line(spec: GameSpec, agent: Player, rng: np.random.Generator | None = None) -> MatchResult:
     """The deterministic `agent` against *every* legal reply at every opponent turn, in both seats
-    (tic-tac-toe: at most 8*6*4*2 + 9*7*5*3 = 1,329 lines). `losses == 0` means no opponent at all (random, perfect or
-    any other) can beat the agent; `losses` counts the lines where some opponent can."""
+    (tic-tac-toe: at most 8*6*4*2 + 9*7*5*3 = 1,329 lines). `losses == 0` means no opponent at all
+    (random, perfect or any other) can beat the agent; `losses` counts the lines where some
+    opponent can."""
     return every_line(spec, agent, lambda boards: [np.flatnonzero(m) for m in boards.legal_mask()], rng)
 
 
