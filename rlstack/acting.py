@@ -32,7 +32,7 @@ import numpy as np
 from mindspore import Tensor
 
 from rlstack.artifact import ArtifactError, LoadedGraph, interface, latest_name, load_graph
-from rlstack.graphcall import LeanCall
+from rlstack.graphcall import LeanCall, ParameterCopy
 from rlstack.network import NoiseKind, sample_noise
 from rlstack.spaces import MASK_KEY, OBS_KEY
 
@@ -61,7 +61,7 @@ class Acting:
         self._source: Any = None
         self._key: Callable[[], tuple] | None = None
         self._seen: tuple | None = None
-        self._light: Layout = ()
+        self._copies: tuple[ParameterCopy, ParameterCopy] | None = None
         self.refreshes = 0
         self._install(cell, manifest, path, lean)
         if updates is not None:
@@ -217,8 +217,7 @@ class Acting:
         first item is the learner's update count: when only the rest changed (e.g. DQN's epsilon),
         only the network's non-trainable parameters are copied."""
         self._source, self._key, self._seen = network, key, None
-        frozen = {p.name for p in network.get_parameters() if not p.requires_grad}
-        self._light = tuple((name, shape) for name, shape in self.layout if name in frozen)
+        self._copies = None
 
     def refresh(self) -> None:
         """Copy the followed network's weights now (e.g. after its parameters were replaced)."""
@@ -229,30 +228,49 @@ class Acting:
     def _follow(self) -> None:
         seen = self._key()
         if seen != self._seen:
+            if self._copies is None:
+                self._copies = self._copy_graphs()
+            everything, frozen = self._copies
             if self._seen is not None and seen[0] == self._seen[0]:
-                self._load(weights_of(self._source, self._light))
+                frozen()
             else:
-                self.sync_from(self._source, int(seen[0]))
+                everything()
+                self.updates = int(seen[0])
+                self.refreshes += 1
             self._seen = seen
+
+    def _copy_graphs(self) -> tuple[ParameterCopy, ParameterCopy]:
+        """The followed network's parameters copied into the graph's, every one of the layout
+        and only the non-trainable ones (the statistics, DQN's epsilon), as compiled graphs."""
+        sources = live_parameters(self._source, self.layout)
+        targets = [self._params[name] for name, _ in self.layout]
+        frozen = [i for i, p in enumerate(sources) if not p.requires_grad]
+        return (ParameterCopy(targets, sources),
+                ParameterCopy([targets[i] for i in frozen], [sources[i] for i in frozen]))
 
     def swap(self, other: Acting) -> None:
         """Run another loaded version's graph from now on (its own weights and update count)."""
         self._install(other.cell, other.manifest, other.path, lean=False)
         self.call = other.call
-        self._seen = None
+        self._seen, self._copies = None, None
 
 
 def _numpy(x: Any) -> np.ndarray:
     return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
 
 
-def weights_of(network: Any, layout: Layout) -> dict[str, np.ndarray]:
-    """The live network's values of the named parameters (numpy copies)."""
+def live_parameters(network: Any, layout: Layout) -> list[Any]:
+    """The live network's parameters named in `layout`, in its order."""
     live = {p.name: p for p in network.get_parameters()}
     missing = [name for name, _ in layout if name not in live]
     if missing:
         raise ArtifactError(f"the live network has no parameter {', '.join(missing[:5])} of the acting graph")
-    return {name: live[name].asnumpy().copy() for name, _ in layout}
+    return [live[name] for name, _ in layout]
+
+
+def weights_of(network: Any, layout: Layout) -> dict[str, np.ndarray]:
+    """The live network's values of the named parameters (numpy copies)."""
+    return {name: p.asnumpy().copy() for (name, _), p in zip(layout, live_parameters(network, layout), strict=True)}
 
 
 class FlatWeights:

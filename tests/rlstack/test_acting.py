@@ -12,10 +12,10 @@ from rlstack.envs.games import TICTACTOE, Boards
 from rlstack.network import BLOCK_ROWS, NetSpec, Network, PolicyKind
 
 
-def _tictactoe_policy(tmp_path):
+def _tictactoe_policy(tmp_path, normalize_obs=False):
     ms.set_seed(0)
     space = TICTACTOE.flat_space()
-    net = Network(space, gym.spaces.Discrete(9), NetSpec(hidden=(16,)))
+    net = Network(space, gym.spaces.Discrete(9), NetSpec(hidden=(16,), normalize_obs=normalize_obs))
     version = export_policy(net, tmp_path / "policy", algorithm="ppo", obs_space=space.dict_space,
                             action_space=gym.spaces.Discrete(9), device="cpu", fusion=False, config_hash="t")
     return net, load_policy(version)
@@ -108,3 +108,35 @@ def test_weights_follow_the_network_and_refuse_a_wrong_shape(tmp_path):
     assert not np.array_equal(after, before) and policy.updates == 1
     with pytest.raises(ArtifactError, match="has shape"):
         policy.load_weights({n: np.zeros((1,) + s) for n, s in policy.layout}, 2)
+
+
+def test_followed_weights_are_copied_bitwise_and_only_the_frozen_ones_on_a_light_refresh(tmp_path):
+    net, policy = _tictactoe_policy(tmp_path, normalize_obs=True)  # the obs statistics: frozen parameters
+    key = {"updates": 0, "epsilon": 0.0}
+    policy.follow(net, lambda: (key["updates"], key["epsilon"]))
+    obs = Boards(TICTACTOE, 3).flat_obs()
+    policy.run(obs, policy.noise(3, None))
+    graph = dict(policy.graph.parameters_and_names())
+    live = {p.name: p for p in net.get_parameters()}
+
+    def graph_equals_live(names):
+        return all(np.array_equal(graph[n].asnumpy(), live[n].asnumpy()) for n in names)
+
+    trainable = [n for n, _ in policy.layout if live[n].requires_grad]
+    frozen = [n for n, _ in policy.layout if not live[n].requires_grad]
+    assert trainable and frozen and graph_equals_live(trainable + frozen)
+    for name in trainable + frozen:
+        live[name].set_data(Tensor(live[name].asnumpy() + 0.25))
+    key["epsilon"] = 0.1  # the light refresh: only the non-trainable parameters follow
+    policy.run(obs, policy.noise(3, None))
+    assert graph_equals_live(frozen) and not any(graph_equals_live([n]) for n in trainable)
+    assert policy.updates == 0 and policy.refreshes == 1  # (the first call copied everything)
+    key["updates"] = 1
+    got = policy.run(obs, policy.noise(3, None))
+    assert graph_equals_live(trainable + frozen) and policy.updates == 1 and policy.refreshes == 2
+    want = Acting.of_network(net, TICTACTOE.flat_space().dict_space, gym.spaces.Discrete(9)).run(obs, policy.noise(3, None))
+    np.testing.assert_array_equal(got.logp, want.logp)
+    # a copy, not an alias: the learner's next change reaches the graph only at the next refresh
+    for name in trainable:
+        live[name].set_data(Tensor(live[name].asnumpy() * 2.0))
+    assert not any(graph_equals_live([n]) for n in trainable)

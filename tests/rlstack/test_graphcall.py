@@ -4,11 +4,12 @@ direct path is unavailable or differs."""
 
 import gymnasium as gym
 import numpy as np
+import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack.acting import load_policy
 from rlstack.artifact import export_policy
-from rlstack.graphcall import LeanCall, written_by
+from rlstack.graphcall import LeanCall, ParameterCopy, written_by
 from rlstack.network import NetSpec, Network
 
 OBS, ACT = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
@@ -93,3 +94,26 @@ def test_a_side_effect_check_that_fails_keeps_the_public_callswritten_by():
     assert not call.direct
     for a, b in zip(written_by(lean_cell), written_by(public), strict=True):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+
+
+def test_parameter_copy_writes_every_source_in_chunks_and_keeps_no_alias():
+    rng = np.random.default_rng(0)
+    shapes = [(3, 2), (5,), (1,)] * 30  # 90 parameters: two assign graphs of ASSIGN_CHUNK
+    sources = [Parameter(Tensor(rng.standard_normal(s).astype(np.float32)), name=f"src{i}")
+               for i, s in enumerate(shapes)]
+    targets = [Parameter(Tensor(np.zeros(s, np.float32)), name=f"dst{i}") for i, s in enumerate(shapes)]
+    copy = ParameterCopy(targets, sources)
+    for round_ in range(3):
+        copy()
+        for src, dst in zip(sources, targets, strict=True):
+            np.testing.assert_array_equal(dst.asnumpy(), src.asnumpy())
+        for src in sources:
+            src.set_data(Tensor(src.asnumpy() * 3.0 + round_))
+        assert not np.array_equal(targets[0].asnumpy(), sources[0].asnumpy())  # copied, not aliased
+    assert all(call.direct for call, _ in copy._calls)
+
+
+def test_parameter_copy_refuses_unequal_lists():
+    p = Parameter(Tensor(np.zeros(2, np.float32)), name="p")
+    with pytest.raises(ValueError, match="1 targets but 0 sources"):
+        ParameterCopy([p], [])
