@@ -118,9 +118,10 @@ class LeanCall:
 class ParameterCopy:
     """`copy()` writes the current values of `sources` into `targets` (parameters of the same
     shapes, e.g. a loaded acting graph's and the live network's) with compiled assign graphs run
-    through `LeanCall`. The sources are read where they are and fed as graph inputs; the host
-    makes no copy of its own (numpy round trips with a private copy per parameter took ~0.2 ms
-    for SAC's [256, 256] actor, measured)."""
+    through `LeanCall`: the sources are fed as graph inputs (`Tensor.from_numpy` of `asnumpy`),
+    without the private copies and `set_data` of `Acting.load_weights`. Measured in SAC Pendulum
+    runs ([256, 256] actor, a refresh after every gradient step): 0.31-0.38 ms per refresh against
+    0.43-0.61 ms (medians)."""
 
     def __init__(self, targets: Sequence[Parameter], sources: Sequence[Parameter]):
         if len(targets) != len(sources):
