@@ -123,11 +123,16 @@ class RowWiseMatMul(nn.Cell):
     invariant too but 2-3x slower at B >= 256.
     The backward pass is the ordinary matrix product (gradients need not be batch-invariant)."""
 
+    def __init__(self):
+        super().__init__()
+        self.matmul_nt = ops.MatMul(transpose_b=True)
+        self.matmul_tn = ops.MatMul(transpose_a=True)
+
     def construct(self, x, w):
-        return ops.matmul(w, x.T).T
+        return self.matmul_nt(w, x).T
 
     def bprop(self, x, w, out, dout):
-        return ops.matmul(dout, w), ops.matmul(dout.T, x)
+        return ops.matmul(dout, w), self.matmul_tn(dout, x)
 
 
 class BatchInvariantDense(nn.Dense):
