@@ -121,7 +121,9 @@ class RowWiseMatMul(nn.Cell):
     [N, K] x [K, B], every column was bitwise the same for every B that is a multiple of 16, at
     the cost of the plain product; one [1, K] x [K, N] product per row (batched GEMV) was
     invariant too but 2-3x slower at B >= 256.
-    The backward pass is the ordinary matrix product (gradients need not be batch-invariant)."""
+    w @ x.T is one MatMul with `transpose_b` (bitwise the same invariance; a Transpose kernel of x
+    per layer less), and the weight gradient dout.T @ x one with `transpose_a`. The backward pass is
+    the ordinary matrix product (gradients need not be batch-invariant)."""
 
     def __init__(self):
         super().__init__()
