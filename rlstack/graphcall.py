@@ -49,6 +49,12 @@ class _Assign(nn.Cell):
         return values[0]
 
 
+def _assign_graphs(params: Sequence[Parameter]) -> list[_Assign]:
+    """Assign graphs writing `params`, `ASSIGN_CHUNK` parameters each, in order."""
+    params = list(params)
+    return [_Assign(params[i:i + ASSIGN_CHUNK]) for i in range(0, len(params), ASSIGN_CHUNK)]
+
+
 def written_by(cell: Any) -> list[Parameter]:
     """The `state` of a graph with side effects: every parameter it holds (one it only reads,
     such as a learning rate the host sets, is snapshot and compared too, at no harm)."""
@@ -110,7 +116,7 @@ class LeanCall:
 
     def _write(self, values: list[np.ndarray]) -> None:
         if not self._assign:
-            self._assign = [_Assign(self.state[i:i + ASSIGN_CHUNK]) for i in range(0, len(self.state), ASSIGN_CHUNK)]
+            self._assign = _assign_graphs(self.state)
         for i, assign in enumerate(self._assign):
             assign(*(Tensor(v) for v in values[i * ASSIGN_CHUNK:(i + 1) * ASSIGN_CHUNK]))
 
@@ -127,12 +133,9 @@ class ParameterCopy:
         if len(targets) != len(sources):
             raise ValueError(f"{len(targets)} targets but {len(sources)} sources")
         self.sources = list(sources)
-        self._calls = []
-        for start in range(0, len(targets), ASSIGN_CHUNK):
-            assign = _Assign(targets[start:start + ASSIGN_CHUNK])
-            self._calls.append((LeanCall(assign, state=assign.params), start))
+        self._calls = [LeanCall(assign, state=assign.params) for assign in _assign_graphs(targets)]
 
     def __call__(self) -> None:
-        for call, start in self._calls:
+        for i, call in enumerate(self._calls):
             # (Tensors, not the Parameters themselves: a graph may not hold two parameters of one name)
-            call(*(Tensor.from_numpy(p.asnumpy()) for p in self.sources[start:start + ASSIGN_CHUNK]))
+            call(*(Tensor.from_numpy(p.asnumpy()) for p in self.sources[i * ASSIGN_CHUNK:(i + 1) * ASSIGN_CHUNK]))
