@@ -34,6 +34,7 @@ from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.envs.games import ENV_IDS, game_spec
 from rlstack.graphcall import LeanCall, written_by
+from rlstack.kernels import column, columns
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.registry import Progress
 from rlstack.schedules import parse_schedule
@@ -111,9 +112,9 @@ class AlphaZeroLoss(nn.Cell):
         self.obs_dim, self.n = network.obs_dim, network.action_dim
 
     def construct(self, batch):
-        obs = batch[:, :self.obs_dim]
-        target = batch[:, self.obs_dim:self.obs_dim + self.n]  # [B, n], 0 on illegal moves
-        outcome = batch[:, self.obs_dim + self.n]  # [B]
+        obs = columns(batch, 0, self.obs_dim)
+        target = columns(batch, self.obs_dim, self.obs_dim + self.n)  # [B, n], 0 on illegal moves
+        outcome = column(batch, self.obs_dim + self.n)  # [B]
         x = self.network.features(obs)
         _, logp_all = self.network._categorical(x, obs)  # illegal moves: -1e9, times a 0 target
         policy_loss = -(target * logp_all).sum(-1).mean()

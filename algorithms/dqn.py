@@ -33,6 +33,7 @@ from rlstack import registry
 from rlstack.buffers import pack_columns
 from rlstack.config import Config, ConfigError, OffPolicyConfig
 from rlstack.graphcall import LeanCall, written_by
+from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
 from rlstack.registry import Progress
@@ -134,7 +135,7 @@ class DQNStep(nn.Cell):
         if self.double_q:
             # One pass of the online network over obs and next_obs: half the kernels of two.
             q_both = self.network.q_values(ops.concat((obs, next_obs)))
-            q, q_next_online = q_both[:batch], ops.stop_gradient(q_both[batch:])
+            q, q_next_online = rows(q_both, 0, batch), ops.stop_gradient(rows(q_both, batch, 2 * batch))
         else:
             q, q_next_online = self.network.q_values(obs), q_next_target
         target = ops.stop_gradient(td_target(q_next_online, q_next_target, reward, terminated,
@@ -153,8 +154,9 @@ class DQNStep(nn.Cell):
 
     def construct(self, batch):
         d = self.obs_dim
-        (loss, stats), grads = self.grad(batch[:, :d], batch[:, d:2 * d], batch[:, 2 * d].astype(ms.int32),
-                                         batch[:, 2 * d + 1], batch[:, 2 * d + 2])
+        (loss, stats), grads = self.grad(columns(batch, 0, d), columns(batch, d, 2 * d),
+                                         column(batch, 2 * d).astype(ms.int32), column(batch, 2 * d + 1),
+                                         column(batch, 2 * d + 2))
         self.optimizer(clip_by_global_norm(grads, self.max_grad_norm))
         return ops.concat((loss.reshape(1), stats))
 

@@ -31,6 +31,7 @@ from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.distributed import GradMean
 from rlstack.graphcall import LeanCall, written_by
+from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_coef, flatten, unflatten
 from rlstack.registry import Progress
@@ -202,9 +203,9 @@ class PolicyGrad(nn.Cell):
         self.clip_range = Parameter(Tensor(0.2, ms.float32), name="clip_range", requires_grad=False)
 
     def construct(self, batch):
-        (loss, info), grads = self.grad(batch[:, self.obs[0]:self.obs[1]], batch[:, self.action[0]:self.action[1]],
-                                        batch[:, self.old_logp], batch[:, self.weight], batch[:, self.sign],
-                                        batch[:, self.bound], self.clip_range)
+        (loss, info), grads = self.grad(columns(batch, *self.obs), columns(batch, *self.action),
+                                        column(batch, self.old_logp), column(batch, self.weight),
+                                        column(batch, self.sign), column(batch, self.bound), self.clip_range)
         return ops.concat((flatten(grads), loss.reshape(1), info))
 
 
@@ -231,17 +232,17 @@ class ValueGradAndStep(nn.Cell):
         self.grad_mean = GradMean(workers) if workers > 1 else None
 
     def construct(self, batch, policy_out):
-        (value_loss, mse), value_grads = self.grad(batch[:, self.obs[0]:self.obs[1]], batch[:, self.ret],
-                                                   batch[:, self.value])
-        policy_grad = policy_out[:self.policy_size]
+        (value_loss, mse), value_grads = self.grad(columns(batch, *self.obs), column(batch, self.ret),
+                                                   column(batch, self.value))
+        policy_grad = rows(policy_out, 0, self.policy_size)
         if self.grad_mean is not None:  # (a constant: the 1-worker graph is compiled without this)
             both = self.grad_mean(ops.concat((policy_grad, flatten(value_grads))))
-            policy_grad = both[:self.policy_size]
-            value_grads = unflatten(both[self.policy_size:], self.value_shapes)
+            policy_grad = rows(both, 0, self.policy_size)
+            value_grads = unflatten(rows(both, self.policy_size, both.shape[0]), self.value_shapes)
         coef = clip_coef((policy_grad, flatten(value_grads)), self.max_grad_norm)
         policy_grads = unflatten(policy_grad * coef, self.policy_shapes)
         self.optimizer(policy_grads + tuple(g * coef for g in value_grads))
-        return ops.concat((policy_out[self.policy_size:], ops.stack((value_loss, mse))))
+        return ops.concat((rows(policy_out, self.policy_size, policy_out.shape[0]), ops.stack((value_loss, mse))))
 
 
 class PPOStep(nn.Cell):

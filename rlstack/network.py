@@ -30,6 +30,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Orthogonal, Zero
 
+from rlstack.kernels import LogSoftmax, column, columns
 from rlstack.spaces import flat_masked_space, mask_dim_of
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC's clamp (Haarnoja et al. reference code)
@@ -231,6 +232,7 @@ class Network(nn.Cell):
             self.pi = mlp(self.obs_dim, hidden, 2 * self.action_dim, act, ortho, 0.01, invariant)
         elif self.policy_kind != PolicyKind.NONE:
             self.pi = mlp(self.obs_dim, hidden, self.action_dim, act, ortho, 0.01, invariant)
+            self.log_softmax = LogSoftmax()
         if self.policy_kind == PolicyKind.GAUSSIAN:
             self.log_std = Parameter(Tensor(np.full(self.action_dim, spec.log_std_init, np.float32)), name="log_std")
         if spec.value:
@@ -306,7 +308,7 @@ class Network(nn.Cell):
         """x: normalised obs -> Q(s, .) [B, n]; dueling combines V + A - mean(A)."""
         out = self.qf(x)
         if self.dueling:
-            value, adv = out[:, :1], out[:, 1:]
+            value, adv = columns(out, 0, 1), columns(out, 1, out.shape[1])
             return value + adv - adv.mean(axis=-1, keep_dims=True)
         return out
 
@@ -330,7 +332,8 @@ class Network(nn.Cell):
     def _squashed(self, x, noise):
         """Reparameterised tanh-Gaussian: (action in env units [B, d], logp [B], pre-tanh mean)."""
         out = self.pi(x)
-        mean, log_std = out[:, : self.action_dim], out[:, self.action_dim:]
+        d = self.action_dim
+        mean, log_std = columns(out, 0, d), columns(out, d, 2 * d)
         log_std = ops.clamp(log_std, LOG_STD_MIN, LOG_STD_MAX)
         u = mean + ops.exp(log_std) * noise
         squashed = ops.tanh(u)
@@ -351,9 +354,9 @@ class Network(nn.Cell):
             # Illegal moves get -1e9: exp() underflows to exactly 0 probability, Gumbel noise
             # (|g| < 40 in float32) cannot lift them over a legal move, and logp/entropy stay
             # finite (0 * -1e9 = 0). Legal logits are unchanged (x + 0).
-            mask = obs.reshape(obs.shape[0], -1)[:, self.mask_start:].astype(ms.float32)
+            mask = columns(obs.reshape(obs.shape[0], -1), self.mask_start, self.obs_dim).astype(ms.float32)
             logits = logits + (mask - 1.0) * 1e9
-        return logits, ops.log_softmax(logits, -1)
+        return logits, self.log_softmax(logits)
 
     def _value_for_act(self, x, action):
         if not self.act_value:
@@ -390,8 +393,8 @@ class Network(nn.Cell):
         else:
             q = self.q_values_of(x)
             greedy = ops.argmax(q, -1).astype(ms.int32)
-            random = ops.argmax(noise[:, 1:], -1).astype(ms.int32)
-            explore = noise[:, 0] > 1.0 - self.epsilon
+            random = ops.argmax(columns(noise, 1, 1 + self.action_dim), -1).astype(ms.int32)
+            explore = column(noise, 0) > 1.0 - self.epsilon
             action = ops.select(explore, random, greedy)
             prob = self.epsilon / self.action_dim + (1.0 - self.epsilon) * (action == greedy).astype(ms.float32)
             logp = ops.log(prob)

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from mindspore import Tensor, ops
 
+from rlstack.kernels import rows
+
 
 def flatten(tensors: Sequence[Tensor]) -> Tensor:
     """The tensors' elements in one vector (one Concat kernel: the reshapes launch nothing)."""
@@ -13,13 +15,13 @@ def flatten(tensors: Sequence[Tensor]) -> Tensor:
 
 
 def unflatten(flat: Tensor, shapes: Sequence[tuple[int, ...]]) -> tuple:
-    """`flatten`'s inverse: one slice kernel per shape."""
+    """`flatten`'s inverse: one `Slice` kernel per shape (`rlstack.kernels`)."""
     parts, start = [], 0
     for shape in shapes:
         size = 1
         for dim in shape:
             size *= dim
-        parts.append(flat[start:start + size].reshape(shape))
+        parts.append(rows(flat, start, start + size).reshape(shape))
         start += size
     return tuple(parts)
 
