@@ -227,6 +227,8 @@ class Network(nn.Cell):
         invariant = bool(spec.batch_invariant)
 
         self.normalizer = ObsNormalizer(self.obs_dim, spec.obs_clip, spec.normalize_obs)
+        # int32 indices straight from the kernel: `ops.argmax` returns int64, and a Cast is one more kernel
+        self.argmax = ops.Argmax(-1, ms.int32)
         if self.policy_kind == PolicyKind.SQUASHED_GAUSSIAN:
             # SAC: state-dependent std, mean and log_std from one torso.
             self.pi = mlp(self.obs_dim, hidden, 2 * self.action_dim, act, ortho, 0.01, invariant)
@@ -382,7 +384,7 @@ class Network(nn.Cell):
         kind = self.kind
         if kind == "categorical":
             logits, logp_all = self._categorical(x, obs)
-            action = ops.argmax(logits + noise, -1).astype(ms.int32)  # Gumbel-max
+            action = self.argmax(logits + noise)  # Gumbel-max
             logp = ops.gather_elements(logp_all, 1, action.reshape(-1, 1)).squeeze(-1)
         elif kind == "gaussian":
             mean = self.pi(x)
@@ -392,8 +394,8 @@ class Network(nn.Cell):
             action, logp = self._squashed(x, noise)
         else:
             q = self.q_values_of(x)
-            greedy = ops.argmax(q, -1).astype(ms.int32)
-            random = ops.argmax(columns(noise, 1, 1 + self.action_dim), -1).astype(ms.int32)
+            greedy = self.argmax(q)
+            random = self.argmax(columns(noise, 1, 1 + self.action_dim))
             explore = column(noise, 0) > 1.0 - self.epsilon
             action = ops.select(explore, random, greedy)
             prob = self.epsilon / self.action_dim + (1.0 - self.epsilon) * (action == greedy).astype(ms.float32)
