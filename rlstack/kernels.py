@@ -8,7 +8,7 @@ Measured per kernel with MindSpore's profiler (`rlstack.profiling`, operator tim
   PPO's minibatch step sliced 16 times: 0.42 ms of its 2.2 ms.
 - `ops.log_softmax` is one `LogSoftmax` kernel of 48-72 us on [8, 2] to [256, 2] logits (56 us of
   the CartPole acting call's ~170 us), and its gradient `LogSoftmaxGrad` 27-31 us more. The same
-  function in elementwise kernels and reductions (`LogSoftmax`) took 11-16 us.
+  function in elementwise kernels and reductions (this module's `LogSoftmax` Cell) took 11-16 us.
 """
 
 from __future__ import annotations
