@@ -49,10 +49,15 @@ class _Assign(nn.Cell):
         return values[0]
 
 
+def _chunks(items: Sequence[Any]) -> list[list[Any]]:
+    """`items` in consecutive runs of `ASSIGN_CHUNK`: one run per assign graph."""
+    items = list(items)
+    return [items[i:i + ASSIGN_CHUNK] for i in range(0, len(items), ASSIGN_CHUNK)]
+
+
 def _assign_graphs(params: Sequence[Parameter]) -> list[_Assign]:
     """Assign graphs writing `params`, `ASSIGN_CHUNK` parameters each, in order."""
-    params = list(params)
-    return [_Assign(params[i:i + ASSIGN_CHUNK]) for i in range(0, len(params), ASSIGN_CHUNK)]
+    return [_Assign(chunk) for chunk in _chunks(params)]
 
 
 def written_by(cell: Any) -> list[Parameter]:
@@ -117,8 +122,8 @@ class LeanCall:
     def _write(self, values: list[np.ndarray]) -> None:
         if not self._assign:
             self._assign = _assign_graphs(self.state)
-        for i, assign in enumerate(self._assign):
-            assign(*(Tensor(v) for v in values[i * ASSIGN_CHUNK:(i + 1) * ASSIGN_CHUNK]))
+        for assign, chunk in zip(self._assign, _chunks(values), strict=True):
+            assign(*(Tensor(v) for v in chunk))
 
 
 class ParameterCopy:
@@ -132,10 +137,10 @@ class ParameterCopy:
     def __init__(self, targets: Sequence[Parameter], sources: Sequence[Parameter]):
         if len(targets) != len(sources):
             raise ValueError(f"{len(targets)} targets but {len(sources)} sources")
-        self.sources = list(sources)
         self._calls = [LeanCall(assign, state=assign.params) for assign in _assign_graphs(targets)]
+        self._sources = _chunks(sources)  # the sources each call's assign graph reads, in its order
 
     def __call__(self) -> None:
-        for i, call in enumerate(self._calls):
+        for call, sources in zip(self._calls, self._sources, strict=True):
             # (Tensors, not the Parameters themselves: a graph may not hold two parameters of one name)
-            call(*(Tensor.from_numpy(p.asnumpy()) for p in self.sources[i * ASSIGN_CHUNK:(i + 1) * ASSIGN_CHUNK]))
+            call(*(Tensor.from_numpy(p.asnumpy()) for p in sources))
