@@ -33,7 +33,7 @@ from rlstack.buffers import pack_columns
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.envs.games import ENV_IDS, game_spec
-from rlstack.graphcall import LeanCall, written_by
+from rlstack.graphcall import LeanCall, to_numpy, written_by
 from rlstack.kernels import column, columns
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.registry import Progress
@@ -252,7 +252,7 @@ class AlphaZero:
         self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
         outputs = [self.update(Tensor.from_numpy(self.replay.sample(self.cfg.batch_size, rng)))
                    for _ in range(self.cfg.gradient_steps)]
-        loss, policy_loss, value_loss, entropy = np.mean([out.asnumpy() for out in outputs], 0)
+        loss, policy_loss, value_loss, entropy = np.mean([to_numpy(out) for out in outputs], 0)
         games = self.games
         metrics = {"train/loss": float(loss), "train/policy_loss": float(policy_loss),
                    "train/value_loss": float(value_loss), "train/entropy": float(entropy),

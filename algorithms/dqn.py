@@ -32,7 +32,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from rlstack import registry
 from rlstack.buffers import pack_columns
 from rlstack.config import Config, ConfigError, OffPolicyConfig
-from rlstack.graphcall import LeanCall, written_by
+from rlstack.graphcall import LeanCall, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
@@ -230,7 +230,7 @@ class DQN:
             self.step.target_synced_at.set_data(Tensor(steps, ms.int64))
         b = replay.sample((self.cfg.gradient_steps, self.cfg.batch_size), rng)  # [K, B, ...]
         stats = [self._step(Tensor.from_numpy(minibatch)) for minibatch in self.step.pack(b)]
-        td_loss, q_mean, target_mean = np.mean([s.asnumpy() for s in stats], axis=0)
+        td_loss, q_mean, target_mean = np.mean([to_numpy(s) for s in stats], axis=0)
         return {"train/td_loss": float(td_loss), "train/q_mean": float(q_mean),
                 "train/target_mean": float(target_mean), "train/learning_rate": lr,
                 "rollout/epsilon": self.epsilon}

@@ -30,7 +30,7 @@ from rlstack.buffers import RolloutBatch, pack_columns, rollout_batch
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.distributed import GradMean
-from rlstack.graphcall import LeanCall, written_by
+from rlstack.graphcall import LeanCall, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_coef, flatten, unflatten
@@ -272,7 +272,7 @@ class PPOStep(nn.Cell):
     @staticmethod
     def metrics(out: Tensor) -> np.ndarray:
         """`step`'s Tensor -> [loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, ratio_dev]."""
-        loss, policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value_loss, mse = out.asnumpy()
+        loss, policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value_loss, mse = to_numpy(out)
         return np.array([loss + value_loss, policy_loss, mse, entropy, approx_kl, clip_fraction, ratio_dev])
 
 

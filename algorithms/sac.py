@@ -30,7 +30,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.config import Config, ConfigError, OffPolicyConfig
-from rlstack.graphcall import LeanCall, written_by
+from rlstack.graphcall import LeanCall, to_numpy, written_by
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.registry import Progress
 from rlstack.replay import ReplayBuffer
@@ -250,7 +250,7 @@ class SAC:
         stats = self._update(Tensor(batch.obs), Tensor(batch.action), Tensor(batch.reward), Tensor(batch.next_obs),
                             Tensor(batch.terminated), Tensor(noise[0]), Tensor(noise[1]),
                             Tensor(polyak.astype(np.float32)))
-        critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp_mean = (float(x) for x in stats.asnumpy())
+        critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp_mean = (float(x) for x in to_numpy(stats))
         return {"train/critic_loss": critic_loss, "train/actor_loss": actor_loss, "train/alpha": alpha,
                 "train/alpha_loss": alpha_loss, "train/q_mean": q_mean, "train/entropy": -logp_mean,
                 "train/learning_rate": lr}

@@ -32,7 +32,7 @@ import numpy as np
 from mindspore import Tensor
 
 from rlstack.artifact import ArtifactError, LoadedGraph, interface, latest_name, load_graph
-from rlstack.graphcall import LeanCall, ParameterCopy
+from rlstack.graphcall import LeanCall, ParameterCopy, to_numpy
 from rlstack.network import NoiseKind, sample_noise
 from rlstack.spaces import MASK_KEY, OBS_KEY
 
@@ -256,7 +256,7 @@ class Acting:
 
 
 def _numpy(x: Any) -> np.ndarray:
-    return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
+    return to_numpy(x) if isinstance(x, Tensor) else np.asarray(x)
 
 
 def live_parameters(network: Any, layout: Layout) -> list[Any]:

@@ -1,6 +1,7 @@
 """The lean graph call: a compiled graph run with the least per-call work; every exported-graph
 call goes through it (`rlstack.acting.Acting.run`), and the algorithms' update graphs. Also
-`ParameterCopy`, the weight refresh of a graph that follows a live network in the same process."""
+`ParameterCopy`, the weight refresh of a graph that follows a live network in the same process,
+and `to_numpy`, the read of a graph's output."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -29,6 +31,30 @@ def _same(a: Any, b: Any) -> bool:
         return (isinstance(a, tuple | list) and isinstance(b, tuple | list) and len(a) == len(b)
                 and all(_same(x, y) for x, y in zip(a, b, strict=True)))
     return np.array_equal(a.asnumpy(), b.asnumpy())
+
+
+SMALL_OUTPUT = 256
+"""Elements up to which `to_numpy` reads a graph output through `Tensor.tolist`."""
+
+_NUMPY_TYPES: dict[Any, Any] = {}
+
+
+def to_numpy(x: Tensor) -> np.ndarray:
+    """A graph output as a numpy array, the cheaper way for its size.
+
+    Measured on MindSpore 2.10's CPU runtime, one output read after a graph call: `asnumpy` costs
+    ~29 us at any size (numpy parses the buffer's format string in Python, and the device
+    memory is synced), `np.array(x.tolist())` ~11 us at 8 elements and as much as `asnumpy` at
+    ~256. Acting outputs and per-step metrics are small: -28 us per CartPole acting call of 8
+    rows (three outputs). Both give the same values bit for bit (float32 -> float -> float32 is
+    exact). Larger outputs keep `asnumpy` (a view of the output's memory, no copy).
+    """
+    if x.size > SMALL_OUTPUT:
+        return x.asnumpy()
+    dtype = _NUMPY_TYPES.get(x.dtype)
+    if dtype is None:  # (ms.dtype_to_nptype costs ~19 us a call)
+        dtype = _NUMPY_TYPES[x.dtype] = ms.dtype_to_nptype(x.dtype)
+    return np.array(x.tolist(), dtype)
 
 
 ASSIGN_CHUNK = 64

@@ -3,13 +3,14 @@ effects, leaves the same state), for every signature, and falls back to the publ
 direct path is unavailable or differs."""
 
 import gymnasium as gym
+import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack.acting import load_policy
 from rlstack.artifact import export_policy
-from rlstack.graphcall import LeanCall, ParameterCopy, written_by
+from rlstack.graphcall import SMALL_OUTPUT, LeanCall, ParameterCopy, to_numpy, written_by
 from rlstack.network import NetSpec, Network
 
 OBS, ACT = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
@@ -117,3 +118,22 @@ def test_parameter_copy_refuses_unequal_lists():
     p = Parameter(Tensor(np.zeros(2, np.float32)), name="p")
     with pytest.raises(ValueError, match="1 targets but 0 sources"):
         ParameterCopy([p], [])
+
+
+class _Outputs(nn.Cell):
+    """Graph outputs of each kind `to_numpy` reads: float32 and int32, small and large."""
+
+    def construct(self, x):
+        return x * 1.0, ops.Argmax(-1, ms.int32)(x), (x - 1.0).reshape(-1)
+
+
+def test_to_numpy_reads_graph_outputs_bit_for_bit_at_every_size():
+    call = LeanCall(_Outputs())
+    rng = np.random.default_rng(0)
+    for rows in (1, 8, SMALL_OUTPUT // 4, SMALL_OUTPUT, 300):  # both sides of the tolist / asnumpy switch
+        x = rng.standard_normal((rows, 4)).astype(np.float32)
+        x[0] = [np.nan, np.inf, -0.0, 1e-45]  # values a float round trip could change
+        for out in call(Tensor(x)):
+            got, want = to_numpy(out), out.asnumpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert got.tobytes() == want.tobytes()
