@@ -16,6 +16,7 @@ BENCHMARKS = {
     "seeds": "rlstack.bench.seeds",
     "graphs": "rlstack.bench.graphs",
     "peer": "rlstack.bench.peer",
+    "runtime": "rlstack.bench.runtime",
 }
 
 
