@@ -33,7 +33,7 @@ from rlstack.buffers import pack_columns
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.envs.games import ENV_IDS, game_spec
-from rlstack.graphcall import LeanCall, to_numpy, written_by
+from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
 from rlstack.kernels import column, columns
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.registry import Progress
@@ -214,6 +214,7 @@ class AlphaZero:
         self.chunk_steps = 1
         self.step = AlphaZeroStep(self.network, self.optimizer, self.cfg)
         self.update = LeanCall(self.step, state=written_by(self.step))
+        self._lr = ParameterWrite([self.optimizer.learning_rate])
         self.replay = PositionReplay(self.cfg.replay_positions, self.network.obs_dim + self.network.action_dim + 1,
                                      self.spec.symmetries() if self.cfg.augment else None)
         self.games: SelfPlayGames | None = None
@@ -249,7 +250,7 @@ class AlphaZero:
         outcome = outcome_targets(rollout.reward.reshape(-1), rollout.terminated.reshape(-1))
         self.replay.add(pack_columns((len(obs),), obs, target, outcome))
         lr = self.lr(progress.remaining)
-        self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+        self._lr(lr)
         outputs = [self.update(Tensor.from_numpy(self.replay.sample(self.cfg.batch_size, rng)))
                    for _ in range(self.cfg.gradient_steps)]
         loss, policy_loss, value_loss, entropy = np.mean([to_numpy(out) for out in outputs], 0)

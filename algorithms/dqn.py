@@ -32,7 +32,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from rlstack import registry
 from rlstack.buffers import pack_columns
 from rlstack.config import Config, ConfigError, OffPolicyConfig
-from rlstack.graphcall import LeanCall, to_numpy, written_by
+from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
@@ -193,6 +193,7 @@ class DQN:
         self.step = DQNStep(self.network, self.target, self.optimizer, self.cfg)
         # The lean call (no compile-key work per call) of a graph that writes parameters.
         self._step = LeanCall(self.step, state=written_by(self.step))
+        self._lr = ParameterWrite([self.optimizer.learning_rate])
         self.target_update = TargetUpdate(self.network, self.target)
         self.epsilon = self.cfg.exploration_initial_eps
         self.network.set_epsilon(self.epsilon)
@@ -222,7 +223,7 @@ class DQN:
         """`gradient_steps` gradient steps on minibatches from `replay`; the target network is
         updated every `target_update_interval` environment steps. Returns `train/...` metrics."""
         lr, steps = self.lr(progress.remaining), progress.steps
-        self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+        self._lr(lr)
         synced_at = int(self.step.target_synced_at.asnumpy())
         n_due = target_update_count(synced_at, steps, self.cfg.target_update_interval)
         if n_due:

@@ -30,7 +30,7 @@ from rlstack.buffers import RolloutBatch, pack_columns, rollout_batch
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.distributed import GradMean
-from rlstack.graphcall import LeanCall, to_numpy, written_by
+from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_coef, flatten, unflatten
@@ -260,9 +260,11 @@ class PPOStep(nn.Cell):
         self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params, columns))
         step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns, workers)
         self.value_step = LeanCall(step, state=written_by(step))
+        self._schedule = ParameterWrite([optimizer.learning_rate, self.policy_grad.cell.clip_range])
 
-    def set_clip_range(self, clip_range: float) -> None:
-        self.policy_grad.cell.clip_range.set_data(Tensor(clip_range, ms.float32))
+    def set_schedule(self, lr: float, clip_range: float) -> None:
+        """The update's learning rate and clip range (written in place: `ParameterWrite`)."""
+        self._schedule(lr, clip_range)
 
     def step(self, batch: Tensor) -> Tensor:
         """A packed minibatch [B, width] (`Columns.pack`) -> its metrics as a Tensor, after the Adam
@@ -341,7 +343,7 @@ class PPO:
     def learn_batch(self, batch: RolloutBatch, progress_remaining: float, rng: np.random.Generator) -> dict[str, float]:
         """The update on a rollout already flattened with its advantages (`rlstack.buffers.rollout_batch`)."""
         lr, clip = self.lr(progress_remaining), self.clip_range(progress_remaining)
-        self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+        self.update.set_schedule(lr, clip)
         index = np.concatenate([rng.permutation(self.rollout_size).reshape(self.n_minibatches, -1)
                                 for _ in range(self.cfg.n_epochs)]).astype(np.int32)
         old_logp, is_weight, is_metrics = batch.logp, np.ones_like(batch.logp), {}
@@ -353,7 +355,6 @@ class PPO:
             is_weight = np.minimum(rho, self.cfg.is_clip).astype(np.float32)
             is_metrics = {"train/is_weight_mean": float(is_weight.mean()),
                           "train/is_truncated_fraction": float((rho > self.cfg.is_clip).mean())}
-        self.update.set_clip_range(clip)
         # Every minibatch of the update gathered and packed at once, [n_epochs * n_minibatches, B,
         # width]: each step then hands one contiguous view to its graphs.
         terms = surrogate_inputs(batch.adv[index], is_weight[index], clip, self.cfg.normalize_advantage)

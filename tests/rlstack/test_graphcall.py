@@ -10,7 +10,14 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack.acting import load_policy
 from rlstack.artifact import export_policy
-from rlstack.graphcall import SMALL_OUTPUT, LeanCall, ParameterCopy, to_numpy, written_by
+from rlstack.graphcall import (
+    SMALL_OUTPUT,
+    LeanCall,
+    ParameterCopy,
+    ParameterWrite,
+    to_numpy,
+    written_by,
+)
 from rlstack.network import NetSpec, Network
 
 OBS, ACT = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
@@ -137,3 +144,30 @@ def test_to_numpy_reads_graph_outputs_bit_for_bit_at_every_size():
             got, want = to_numpy(out), out.asnumpy()
             assert got.dtype == want.dtype and got.shape == want.shape
             assert got.tobytes() == want.tobytes()
+
+
+class _Scaled(nn.Cell):
+    """A graph that reads two scheduled scalars."""
+
+    def __init__(self):
+        super().__init__()
+        self.lr = Parameter(Tensor(0.5, ms.float32), name="lr", requires_grad=False)
+        self.steps = Parameter(Tensor(0, ms.int32), name="steps", requires_grad=False)
+
+    def construct(self, x):
+        return x * self.lr + self.steps.astype(ms.float32)
+
+
+def test_parameter_write_reaches_the_graphs_that_read_the_parameters():
+    cell = _Scaled()
+    call, write = LeanCall(cell), ParameterWrite([cell.lr, cell.steps])
+    x = Tensor(np.ones(3, np.float32))
+    np.testing.assert_array_equal(call(x).asnumpy(), [0.5] * 3)
+    for lr, steps in ((0.25, 3), (1e-3, 7), (2.0, 0)):
+        write(lr, steps)
+        assert cell.lr.asnumpy() == np.float32(lr) and cell.steps.asnumpy() == steps
+        np.testing.assert_array_equal(call(x).asnumpy(), np.float32(lr) * np.ones(3, np.float32) + steps)
+    with pytest.raises(ValueError, match="2 parameters but 1 values"):
+        write(0.1)
+    with pytest.raises(ValueError, match="1 to 64 parameters per write, got 0"):
+        ParameterWrite([])
