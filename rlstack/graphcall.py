@@ -148,7 +148,11 @@ class LeanCall:
 
     def _write(self, values: list[np.ndarray]) -> None:
         if not self._assign:
-            self._assign = _assign_graphs(self.state)
+            # An assign graph of exactly the state (`ParameterCopy`, `ParameterWrite`) restores it
+            # itself: a second assign graph of the same parameters would be one more compile.
+            own = isinstance(self.cell, _Assign) and len(self.cell.params) == len(self.state) and all(
+                a is b for a, b in zip(self.cell.params, self.state, strict=True))
+            self._assign = [self.cell] if own else _assign_graphs(self.state)
         for assign, chunk in zip(self._assign, _chunks(values), strict=True):
             assign(*(Tensor(v) for v in chunk))
 
