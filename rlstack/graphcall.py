@@ -44,9 +44,9 @@ def to_numpy(x: Tensor) -> np.ndarray:
     """A graph output as a numpy array, the cheaper way for its size.
 
     Measured on MindSpore 2.10's CPU runtime, one output read after a graph call: `asnumpy` costs
-    ~29 us at any size (numpy parses the buffer's format string in Python, and the device
-    memory is synced), `np.array(x.tolist())` ~11 us at 8 elements and as much as `asnumpy` at
-    ~256. Acting outputs and per-step metrics are small: -28 us per CartPole acting call of 8
+    ~29 us at any size (~5 us of it numpy parsing the buffer's format string in Python, the rest
+    MindSpore's conversion), `np.array(x.tolist())` ~11 us at 8 elements and as much as `asnumpy`
+    at ~256 (`python -m rlstack.bench runtime` times both). Acting outputs and per-step metrics are small: -28 us per CartPole acting call of 8
     rows (three outputs). Both give the same values bit for bit (float32 -> float -> float32 is
     exact). Larger outputs keep `asnumpy` (a view of the output's memory, no copy).
     """

@@ -52,6 +52,8 @@ def _chain(kernels: int) -> Any:
 
 
 def call_costs(kernels: int, calls: int, repeats: int) -> dict[str, float]:
+    """Microseconds: a one-kernel call, with its output read both ways, a `kernels`-kernel call,
+    and the slope between the two."""
     import numpy as np
     from mindspore import Tensor
 
@@ -73,6 +75,8 @@ def call_costs(kernels: int, calls: int, repeats: int) -> dict[str, float]:
 
 
 def ppo_step_ms(config: str | None, calls: int, repeats: int) -> dict[str, float]:
+    """Milliseconds per PPO minibatch step (`PPOStep.step`) of `config` at its batch size and at
+    `SMALL_ROWS` rows, on random packed minibatches."""
     import numpy as np
     from mindspore import Tensor
 
