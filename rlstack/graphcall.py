@@ -157,26 +157,6 @@ class LeanCall:
             assign(*(Tensor(v) for v in chunk))
 
 
-class ParameterCopy:
-    """`copy()` writes the current values of `sources` into `targets` (parameters of the same
-    shapes, e.g. a loaded acting graph's and the live network's) with compiled assign graphs run
-    through `LeanCall`: the sources are fed as graph inputs (`Tensor.from_numpy` of `asnumpy`),
-    without the private copies and `set_data` of `Acting.load_weights`. Measured in SAC Pendulum
-    runs ([256, 256] actor, a refresh after every gradient step): 0.31-0.38 ms per refresh against
-    0.43-0.61 ms (medians)."""
-
-    def __init__(self, targets: Sequence[Parameter], sources: Sequence[Parameter]):
-        if len(targets) != len(sources):
-            raise ValueError(f"{len(targets)} targets but {len(sources)} sources")
-        self._calls = [LeanCall(assign, state=assign.params) for assign in _assign_graphs(targets)]
-        self._sources = _chunks(sources)  # the sources each call's assign graph reads, in its order
-
-    def __call__(self) -> None:
-        for call, sources in zip(self._calls, self._sources, strict=True):
-            # (Tensors, not the Parameters themselves: a graph may not hold two parameters of one name)
-            call(*(Tensor.from_numpy(p.asnumpy()) for p in sources))
-
-
 class ParameterWrite:
     """`write(*values)` sets `params` (numbers or arrays, in order) from inside a compiled assign
     graph run through `LeanCall`, where `Parameter.set_data` would replace their memory.
@@ -196,4 +176,25 @@ class ParameterWrite:
     def __call__(self, *values: Any) -> None:
         if len(values) != len(self.params):
             raise ValueError(f"{len(self.params)} parameters but {len(values)} values")
-        self._call(*(Tensor(np.asarray(v, t)) for v, t in zip(values, self._types, strict=True)))
+        # (from_numpy: an array of the parameter's dtype is fed without a copy)
+        self._call(*(Tensor.from_numpy(np.asarray(v, t)) for v, t in zip(values, self._types, strict=True)))
+
+
+class ParameterCopy:
+    """`copy()` writes the current values of `sources` into `targets` (parameters of the same
+    shapes, e.g. a loaded acting graph's and the live network's) with `ParameterWrite`s of
+    `ASSIGN_CHUNK` targets each: the sources are fed as graph inputs (their `asnumpy`),
+    without the private copies and `set_data` of `Acting.load_weights`. Measured in SAC Pendulum
+    runs ([256, 256] actor, a refresh after every gradient step): 0.31-0.38 ms per refresh against
+    0.43-0.61 ms (medians)."""
+
+    def __init__(self, targets: Sequence[Parameter], sources: Sequence[Parameter]):
+        if len(targets) != len(sources):
+            raise ValueError(f"{len(targets)} targets but {len(sources)} sources")
+        self._writes = [ParameterWrite(chunk) for chunk in _chunks(targets)]
+        self._sources = _chunks(sources)  # the sources each write's assign graph reads, in its order
+
+    def __call__(self) -> None:
+        for write, sources in zip(self._writes, self._sources, strict=True):
+            # (arrays, not the Parameters themselves: a graph may not hold two parameters of one name)
+            write(*(p.asnumpy() for p in sources))

@@ -118,7 +118,7 @@ def test_parameter_copy_writes_every_source_in_chunks_and_keeps_no_alias():
         for src in sources:
             src.set_data(Tensor(src.asnumpy() * 3.0 + round_))
         assert not np.array_equal(targets[0].asnumpy(), sources[0].asnumpy())  # copied, not aliased
-    assert len(copy._calls) == 2 and all(call.direct for call in copy._calls)
+    assert len(copy._writes) == 2 and all(write._call.direct for write in copy._writes)
 
 
 def test_parameter_copy_refuses_unequal_lists():
