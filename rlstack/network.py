@@ -234,6 +234,7 @@ class Network(nn.Cell):
             self.pi = mlp(self.obs_dim, hidden, 2 * self.action_dim, act, ortho, 0.01, invariant)
         elif self.policy_kind != PolicyKind.NONE:
             self.pi = mlp(self.obs_dim, hidden, self.action_dim, act, ortho, 0.01, invariant)
+        if self.policy_kind == PolicyKind.CATEGORICAL:
             self.log_softmax = LogSoftmax()
         if self.policy_kind == PolicyKind.GAUSSIAN:
             self.log_std = Parameter(Tensor(np.full(self.action_dim, spec.log_std_init, np.float32)), name="log_std")
