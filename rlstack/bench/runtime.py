@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ def _median_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - start) / calls * 1e6)
-    return round(sorted(times)[len(times) // 2], 1)
+    return round(statistics.median(times), 1)
 
 
 def _chain(kernels: int) -> Any:
