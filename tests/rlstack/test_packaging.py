@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -50,10 +51,17 @@ def test_wheel_has_no_top_level_envs_or_serving_and_imports(tmp_path):
 def test_wheel_in_a_fresh_venv_trains_a_shipped_config_by_name(tmp_path):
     wheel = _wheel(tmp_path)
     venv = tmp_path / "venv"
-    # A fresh virtual environment that reuses this interpreter's installed MindSpore and the
-    # other dependencies (--system-site-packages), with the wheel installed into it.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    # A fresh virtual environment that reuses the MindSpore and other dependencies installed for
+    # this interpreter, with the wheel installed into it. Not `--system-site-packages`: when the
+    # suite itself runs in a venv, those are the base interpreter's packages, not the venv's. A .pth
+    # line adds this interpreter's site directories after the venv's own (their .pth files, the
+    # editable install's finder among them, are not run).
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
+    venv_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip()
+    ours = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    (Path(venv_site) / "rlstack_test_dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
     subprocess.run([python, "-m", "pip", "install", "--no-deps", str(wheel), "-q"], check=True,
                    capture_output=True, timeout=300)
     env = {**os.environ, "PYTHONNOUSERSITE": "1"}
