@@ -1,14 +1,20 @@
-"""MindSpore process setup: graph mode, device target and graph-kernel fusion (DESIGN contract 5)."""
+"""MindSpore process setup: graph mode, device target, graph-kernel fusion (docs/DESIGN.md,
+contract 5) and the denormal mode of the process's threads."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import io
 import logging
+import platform
+import struct
 from dataclasses import dataclass
 
 import mindspore as ms
+import numpy as np
 
 _DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 
@@ -23,6 +29,10 @@ class Runtime:
     """`cpu`, `gpu` or `ascend`."""
     fusion: bool
     """Whether graph-kernel fusion is enabled (resolved from `auto`)."""
+    denormals_flushed: bool = True
+    """Whether this process's threads flush denormal floats as MindSpore's CPU kernel threads do
+    (`flush_denormals`); False where that could not be set, so a resume from optimizer state that
+    holds denormals may differ in the last bits."""
 
 
 def device_available(device: str) -> bool:
@@ -59,7 +69,7 @@ def configure(device: str = "cpu", fusion: str = "auto") -> Runtime:
         raise DeviceError(f"device '{device}' is not usable: this MindSpore {ms.__version__} install "
                           f"has no working {_DEVICE_TARGETS[device]} backend "
                           "(run `python -m rlstack.doctor` for details, or set device: cpu)")
-    # PyNative costs ~10x per call (DESIGN); rlstack always runs compiled graphs.
+    # PyNative costs ~10x per call (docs/DESIGN.md); rlstack always runs compiled graphs.
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
         ms.set_device(_DEVICE_TARGETS[device])
@@ -71,9 +81,51 @@ def configure(device: str = "cpu", fusion: str = "auto") -> Runtime:
             raise
     if use_fusion:
         ms.set_context(enable_graph_kernel=True)
+    flushed = flush_denormals()
     _quiet_known_deprecations()
     _freeze_imports()
-    return Runtime(device=device, fusion=use_fusion)
+    return Runtime(device=device, fusion=use_fusion, denormals_flushed=flushed)
+
+
+_MXCSR_OFFSET = 28
+"""Where glibc's x86-64 `fenv_t` (32 bytes) holds the SSE control register MXCSR."""
+_FTZ_DAZ = 0x8040
+"""MXCSR's flush-to-zero (results) and denormals-are-zero (inputs) bits."""
+
+
+def flush_denormals() -> bool:
+    """Flush denormal floats to zero in the calling thread and the threads it starts from now on.
+
+    On x86-64 MindSpore's CPU runtime sets flush-to-zero and denormals-are-zero in its own kernel
+    threads, while a small graph in single-thread mode runs its kernels in the thread that calls it,
+    and the first calls of a graph run on the kernel threads. Without the same mode here, a value
+    that turns denormal (Adam's `beta1_power` after ~830 steps, a moment of a quiet weight) is kept
+    or flushed depending on which thread runs the kernel: a resumed run, whose first calls of each
+    graph meet such state, then diverges from the run not stopped (docs/DESIGN.md#denormals). Set
+    through glibc's `fegetenv`/`fesetenv` and checked with a numpy product; returns False (and
+    changes nothing) where that is not possible. On other CPUs MindSpore sets no such mode and
+    neither does this: True.
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    libm_name = ctypes.util.find_library("m")
+    try:
+        libm = ctypes.CDLL(libm_name)
+    except OSError:
+        return False
+    np.finfo(np.float16), np.finfo(np.float32), np.finfo(np.float64)  # cached before the mode: computed under it, numpy warns
+    env, saved = (ctypes.c_uint8 * 32)(), (ctypes.c_uint8 * 32)()
+    if libm.fegetenv(env) != 0 or libm.fegetenv(saved) != 0:
+        return False
+    (mxcsr,) = struct.unpack_from("<I", env, _MXCSR_OFFSET)
+    struct.pack_into("<I", env, _MXCSR_OFFSET, mxcsr | _FTZ_DAZ)
+    if libm.fesetenv(env) != 0:
+        return False
+    smallest = np.array([1], np.uint32).view(np.float32)  # a denormal input
+    if (smallest * np.float32(1.0))[0] == 0 and np.float32(1e-30) * np.float32(1e-10) == 0:
+        return True
+    libm.fesetenv(saved)  # not glibc's layout after all: leave the thread as it was
+    return False
 
 
 _frozen = False

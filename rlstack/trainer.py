@@ -134,6 +134,10 @@ class Trainer:
         trainer.load_checkpoint(path)
         trainer.notes += [f"resumed from {path}; a later checkpoint is set aside as {moved}"
                           for moved in checkpoints.rewind(path)]
+        if not trainer.runtime.denormals_flushed:
+            trainer.notes.append("denormal floats could not be flushed in this process as in MindSpore's "
+                                 "kernel threads: once the optimizer state holds denormals, the resumed run "
+                                 "may differ from an unstopped one in the last bits")
         return trainer
 
     # ----- export -----------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 effects, leaves the same state), for every signature, and falls back to the public call when the
 direct path is unavailable or differs."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import gymnasium as gym
 import mindspore as ms
 import numpy as np
@@ -19,6 +21,7 @@ from rlstack.graphcall import (
     written_by,
 )
 from rlstack.network import NetSpec, Network
+from rlstack.runtime import flush_denormals
 
 OBS, ACT = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3)
 
@@ -171,3 +174,24 @@ def test_parameter_write_reaches_the_graphs_that_read_the_parameters():
         write(0.1)
     with pytest.raises(ValueError, match="1 to 64 parameters per write, got 0"):
         ParameterWrite([])
+
+
+class _Times(nn.Cell):
+    def construct(self, x):
+        return x * 0.5
+
+
+def test_denormals_are_flushed_on_every_path_a_graph_runs():
+    """The calling thread flushes denormals as MindSpore's CPU kernel threads do (the suite's
+    processes are set up by `rlstack.runtime.configure`), so a graph's first calls (on the kernel
+    threads) and its later ones (on the calling thread) give the same bits."""
+    assert flush_denormals()
+    x = Tensor(np.array([4, 1 << 22, 0x3F800000], np.uint32).view(np.float32))  # denormals, then 1.0
+    call = LeanCall(_Times())
+    outputs = [call(x) for _ in range(3)] + [_Times()(x)]
+    with ThreadPoolExecutor(1) as pool:  # a thread started later inherits the mode
+        outputs.append(pool.submit(call, x).result())
+    for out in outputs:
+        assert out.asnumpy().tolist() == [0.0, 0.0, 0.5]
+    assert call.direct
+    assert (np.array([4], np.uint32).view(np.float32) * np.float32(1.0))[0] == 0  # the host's numpy too
