@@ -11,7 +11,7 @@ Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper w
   (the two heads share no parameters, so the sum's gradient splits exactly) with global-norm
   clipping and Adam over both. One graph for the whole step had ~200 kernels; above 100 the
   CPU runtime switches to multi-thread actor messaging and every kernel costs 4-9x more
-  (DESIGN: the 100-kernel line). Minibatch rows are gathered on the host, and the advantage
+  (docs/DESIGN.md#the-100-kernel-line). Minibatch rows are gathered on the host, and the advantage
   terms of the clipped surrogate, which do not depend on the parameters, are computed there
   (`surrogate_inputs`).
 """

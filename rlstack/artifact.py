@@ -1,4 +1,5 @@
-"""The policy artifact (DESIGN contract 3): MindIR export of the acting graph, its manifest, and loading.
+"""The policy artifact (docs/DESIGN.md, contract 3): MindIR export of the acting graph, its
+manifest, and loading.
 
 Layout: `<run>/policy/v000012/{policy.mindir, manifest.json}` plus `<run>/policy/LATEST` naming
 the newest version. This module is the only caller of `mindspore.export` / `mindspore.load`.

@@ -1,7 +1,7 @@
 """Data-parallel learners (`learner.workers: N`): the launch of N worker processes, each rank's seed
 and run directory, and the collectives the trainer and PPO's update use.
 
-MindSpore's own collective communication does the work (DESIGN: nothing home-made): `init()`
+MindSpore's own collective communication does the work (docs/DESIGN.md#seams: nothing home-made): `init()`
 joins the cluster (backend mccl on CPU, HCCL on Ascend, NCCL on GPU) and `ops.AllReduce` sums
 over the ranks. Measured on MindSpore 2.10's CPU backend (mccl): AllReduce supports SUM only
 (the mean is the sum / N), and a crashed worker leaves the others waiting ~40 s in a collective

@@ -1,4 +1,5 @@
-"""`python -m rlstack.doctor`: the environment check of the seed's section 4, before any training.
+"""`python -m rlstack.doctor`: the environment check before any training
+(docs/DESIGN.md#what-the-seed-document-asks-for).
 
 Reports versions (Python, MindSpore and the backends its install carries, numpy, gymnasium), which
 devices are usable (CPU always; GPU and Ascend probed), whether graph-kernel fusion compiles and

@@ -98,7 +98,7 @@ class LeanCall:
 
     `Cell.__call__` (and `nn.GraphCell`'s) rebuilds the graph's compile-cache key from the
     arguments on every call: measured 435 us for a 2x64 forward against 140 us when the compiled
-    phase is run directly (DESIGN: the call). The first call of each input signature (shapes and
+    phase is run directly (docs/DESIGN.md#the-call). The first call of each input signature (shapes and
     dtypes) goes through the public call, which compiles it; later calls run that compiled phase
     through MindSpore's graph executor. The first direct run of each signature is compared
     bitwise with the public call's outputs on the same inputs; if the internal API is missing,

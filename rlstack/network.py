@@ -1,4 +1,5 @@
-"""The one network module every algorithm trains and every actor and server runs (DESIGN contracts 1-2).
+"""The one network module every algorithm trains and every actor and server runs
+(docs/DESIGN.md, contracts 1-2).
 
 `Network` is built from the gymnasium spaces and a `NetSpec` naming the heads an algorithm needs:
 

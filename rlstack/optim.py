@@ -1,4 +1,5 @@
-"""Gradient clipping for the update graphs, written in few kernels (DESIGN: the 100-kernel line)."""
+"""Gradient clipping for the update graphs, written in few kernels
+(docs/DESIGN.md#the-100-kernel-line)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parity, measured (DESIGN contract 4): the exported graph against the live module, after every export.
+"""Parity, measured (docs/DESIGN.md, contract 4): the exported graph against the live module, after every export.
 
 The trainer calls `measure_parity` with the version it just exported, its live network, and
 the most recent observations the actors acted on. Both run on the same rows with the same noise:

@@ -19,7 +19,7 @@ from rlstack.parity import ParityReport, RecentObs, measure_parity, parity_rows,
 
 class Publisher:
     """Exports `network.act` for one run (`<out>/policy/vN` or a private directory) and measures
-    parity of every published version against the live module (DESIGN contract 4)."""
+    parity of every published version against the live module (docs/DESIGN.md, contract 4)."""
 
     def __init__(self, cfg: Config, network: Any, obs_space: gym.Space, action_space: gym.Space, runtime: Any,
                  recent_obs: RecentObs):
