@@ -93,8 +93,9 @@ _FTZ_DAZ = 0x8040
 """MXCSR's flush-to-zero (results) and denormals-are-zero (inputs) bits."""
 
 
-def flush_denormals() -> bool:
-    """Flush denormal floats to zero in the calling thread and the threads it starts from now on.
+def flush_denormals(flush: bool = True) -> bool:
+    """Flush denormal floats to zero in the calling thread and the threads it starts from now on
+    (`flush=False`: IEEE denormals again, for code that needs them, e.g. Hypothesis's floats).
 
     On x86-64 MindSpore's CPU runtime sets flush-to-zero and denormals-are-zero in its own kernel
     threads, while a small graph in single-thread mode runs its kernels in the thread that calls it,
@@ -118,11 +119,11 @@ def flush_denormals() -> bool:
     if libm.fegetenv(env) != 0 or libm.fegetenv(saved) != 0:
         return False
     (mxcsr,) = struct.unpack_from("<I", env, _MXCSR_OFFSET)
-    struct.pack_into("<I", env, _MXCSR_OFFSET, mxcsr | _FTZ_DAZ)
+    struct.pack_into("<I", env, _MXCSR_OFFSET, mxcsr | _FTZ_DAZ if flush else mxcsr & ~_FTZ_DAZ)
     if libm.fesetenv(env) != 0:
         return False
     smallest = np.array([1], np.uint32).view(np.float32)  # a denormal input
-    if (smallest * np.float32(1.0))[0] == 0 and np.float32(1e-30) * np.float32(1e-10) == 0:
+    if ((smallest * np.float32(1.0))[0] == 0) == flush and (np.float32(1e-30) * np.float32(1e-10) == 0) == flush:
         return True
     libm.fesetenv(saved)  # not glibc's layout after all: leave the thread as it was
     return False
