@@ -10,7 +10,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -53,8 +52,10 @@ def to_numpy(x: Tensor) -> np.ndarray:
     if x.size > SMALL_OUTPUT:
         return x.asnumpy()
     dtype = _NUMPY_TYPES.get(x.dtype)
-    if dtype is None:  # (ms.dtype_to_nptype costs ~19 us a call)
-        dtype = _NUMPY_TYPES[x.dtype] = ms.dtype_to_nptype(x.dtype)
+    if dtype is None:  # once per dtype: the first output of a dtype is read whole
+        array = x.asnumpy()
+        _NUMPY_TYPES[x.dtype] = array.dtype
+        return array
     return np.array(x.tolist(), dtype)
 
 
@@ -170,7 +171,7 @@ class ParameterWrite:
         if not 0 < len(params) <= ASSIGN_CHUNK:
             raise ValueError(f"1 to {ASSIGN_CHUNK} parameters per write, got {len(params)}")
         self.params = list(params)
-        self._types = [ms.dtype_to_nptype(p.dtype) for p in self.params]
+        self._types = [p.asnumpy().dtype for p in self.params]
         self._call = LeanCall(_Assign(self.params), state=self.params)
 
     def __call__(self, *values: Any) -> None:

@@ -30,6 +30,9 @@ def test_smoke_run_then_resume(tmp_path):
     assert (out / "checkpoints" / "LATEST").read_text().strip() == "step_0000000512"
     assert (out / "policy" / "LATEST").read_text().strip() == "v000001"
     assert "eval: mean return" in proc.stdout
+    # A clean first screen: MindSpore says nothing about the project's own calls (it prints
+    # "[WARNING] ME(...)" lines, e.g. for deprecated APIs).
+    assert "[WARNING]" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
 
     # Running again into the same directory would lose the run: refused.
     again = _train("--out", str(out), *SMALL, cwd=tmp_path)
@@ -37,6 +40,7 @@ def test_smoke_run_then_resume(tmp_path):
 
     resumed = _train("--resume", str(out), "train.total_steps=1024", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[WARNING]" not in resumed.stdout + resumed.stderr, (resumed.stdout + resumed.stderr)[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_steps"] == 1024 and summary["updates"] == 4
     assert (out / "checkpoints" / "LATEST").read_text().strip() == "step_0000001024"
