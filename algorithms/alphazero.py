@@ -116,7 +116,7 @@ class AlphaZeroLoss(nn.Cell):
         target = columns(batch, self.obs_dim, self.obs_dim + self.n)  # [B, n], 0 on illegal moves
         outcome = column(batch, self.obs_dim + self.n)  # [B]
         x = self.network.features(obs)
-        _, logp_all = self.network._categorical(x, obs)  # illegal moves: -1e9, times a 0 target
+        _, logp_all = self.network.pi.logits(x, obs)  # illegal moves: -1e9, times a 0 target
         policy_loss = -(target * logp_all).sum(-1).mean()
         error = outcome - self.network.state_value(x)
         value_loss = (error * error).mean()

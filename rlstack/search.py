@@ -36,7 +36,7 @@ from rlstack.envs.games import Boards, GameSpec, boards_from_planes
 
 FORCE = 1e10
 """Noise on one move's logit that makes the graph's Gumbel-max pick it (legal logits are O(10),
-an illegal one -1e9 (`Network._categorical`), so move k wins the argmax and `logp` is its log
+an illegal one -1e9 (`rlstack.heads.CategoricalHead.logits`), so move k wins the argmax and `logp` is its log
 prior: 0 probability for an illegal move)."""
 
 Evaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]

@@ -288,7 +288,7 @@ class NumpyNetwork:
             logp = np.take_along_axis(logp_all, action[:, None], 1)[:, 0]
             return action, logp.astype(np.float32), self._value(x, action)
         elif self.kind == "gaussian":
-            log_std = self.params["log_std"]
+            log_std = self.params["pi.log_std"]
             action = self._mlp("pi", x) + np.exp(log_std) * noise
             logp = (-0.5 * noise * noise - log_std - _HALF_LOG_2PI).sum(-1)
         else:
