@@ -8,8 +8,9 @@ Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper w
 - a truncated episode is bootstrapped with V(final_obs) (the trainer folds it into the reward);
 - one minibatch step is two compiled graph calls (`PPOStep`), each under MindSpore's
   100-kernel single-thread limit: the policy loss's gradient, then the value loss's gradient
-  (the two heads share no parameters, so the sum's gradient splits exactly) with global-norm
-  clipping and Adam over both. One graph for the whole step had ~200 kernels; above 100 the
+  with global-norm clipping and Adam over both. The sum's gradient splits exactly: the heads
+  share only the encoder (`Network.encoder_params`), whose value gradient the second graph adds
+  to its policy gradient, as SB3's `CnnPolicy` trains its shared features extractor. One graph for the whole step had ~200 kernels; above 100 the
   CPU runtime switches to multi-thread actor messaging and every kernel costs 4-9x more
   (docs/DESIGN.md#the-100-kernel-line). Minibatch rows are gathered on the host, and the advantage
   terms of the clipped surrogate, which do not depend on the parameters, are computed there
@@ -220,11 +221,17 @@ class ValueGradAndStep(nn.Cell):
     steps with the same gradient. With 1 worker the graph has no collective at all."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
-                 policy_params: list, value_params: list, columns: Columns, workers: int = 1):
+                 policy_params: list, value_params: list, columns: Columns, workers: int = 1,
+                 shared_params: tuple = ()):
         super().__init__()
-        self.grad = ops.value_and_grad(ValueLoss(network, cfg), None, ms.ParameterTuple(value_params), has_aux=True)
+        # `shared_params` (the encoder's) lead `policy_params`: their value gradient is added to
+        # the first `shared_size` entries of the policy gradient.
+        self.grad = ops.value_and_grad(ValueLoss(network, cfg), None,
+                                       ms.ParameterTuple(list(shared_params) + value_params), has_aux=True)
         self.optimizer = optimizer
         self.max_grad_norm = cfg.max_grad_norm
+        self.n_shared = len(shared_params)
+        self.shared_size = sum(int(np.prod(p.shape)) for p in shared_params)
         self.policy_shapes = tuple(tuple(p.shape) for p in policy_params)
         self.policy_size = sum(int(np.prod(shape)) for shape in self.policy_shapes)
         self.value_shapes = tuple(tuple(p.shape) for p in value_params)
@@ -232,9 +239,14 @@ class ValueGradAndStep(nn.Cell):
         self.grad_mean = GradMean(workers) if workers > 1 else None
 
     def construct(self, batch, policy_out):
-        (value_loss, mse), value_grads = self.grad(columns(batch, *self.obs), column(batch, self.ret),
-                                                   column(batch, self.value))
+        (value_loss, mse), grads = self.grad(columns(batch, *self.obs), column(batch, self.ret),
+                                             column(batch, self.value))
         policy_grad = rows(policy_out, 0, self.policy_size)
+        value_grads = grads
+        if self.n_shared:  # (a constant: without an encoder's parameters the graph has none of this)
+            value_grads = grads[self.n_shared:]
+            shared = rows(policy_grad, 0, self.shared_size) + flatten(grads[:self.n_shared])
+            policy_grad = ops.concat((shared, rows(policy_grad, self.shared_size, self.policy_size)))
         if self.grad_mean is not None:  # (a constant: the 1-worker graph is compiled without this)
             both = self.grad_mean(ops.concat((policy_grad, flatten(value_grads))))
             policy_grad = rows(both, 0, self.policy_size)
@@ -252,13 +264,15 @@ class PPOStep(nn.Cell):
     (`rlstack.graphcall.LeanCall`); the second names the state it writes."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
-                 policy_params: list, value_params: list, columns: Columns, workers: int = 1):
+                 policy_params: list, value_params: list, columns: Columns, workers: int = 1,
+                 shared_params: tuple = ()):
         super().__init__()
         self.network = network
         self.optimizer = optimizer
         # (held by the LeanCall, not as a Cell attribute: the clip range is no checkpoint state)
         self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params, columns))
-        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns, workers)
+        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns, workers,
+                                shared_params)
         self.value_step = LeanCall(step, state=written_by(step))
         self._schedule = ParameterWrite([optimizer.learning_rate, self.policy_grad.cell.clip_range])
 
@@ -306,11 +320,12 @@ class PPO:
             batch_invariant=cfg.parity == "strict"))
         self.lr = parse_schedule(self.cfg.lr, "train.lr")
         self.clip_range = parse_schedule(self.cfg.clip_range, "train.clip_range")
-        # The policy head's parameters (with a Gaussian's log_std), then the value head's: the
-        # order of the gradients the step graphs hand to Adam.
+        # The encoder's parameters (shared by both heads: trained by both losses), the policy
+        # head's (with a Gaussian's log_std), then the value head's: the order of the gradients
+        # the step graphs hand to Adam.
+        shared_params = self.network.encoder_params()
         value_params = self.network.vf.trainable_params()
-        value_names = {p.name for p in value_params}
-        policy_params = [p for p in self.network.trainable_params() if p.name not in value_names]
+        policy_params = shared_params + self.network.pi.trainable_params()
         self.optimizer = nn.Adam(policy_params + value_params, learning_rate=Tensor(self.lr(1.0), ms.float32),
                                  eps=1e-5)
         self.chunk_steps = self.cfg.n_steps
@@ -319,7 +334,7 @@ class PPO:
         action_dim = 1 if discrete else int(np.prod(action_space.shape))
         self.columns = Columns(self.network.obs_dim, action_dim)
         self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params, self.columns,
-                              cfg.learner.workers)
+                              cfg.learner.workers, tuple(shared_params))
         self.learner_logp = LearnerLogp(self.network) if self.cfg.is_clip is not None else None
 
     def state_cell(self) -> nn.Cell:

@@ -4,11 +4,13 @@ import gymnasium as gym
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor
+from mindspore import Tensor, nn, ops
 
-from rlstack.algorithms.ppo import PPO, PPOLoss, surrogate_inputs
+from rlstack.algorithms.ppo import PPO, Columns, PPOLoss, PPOStep, ValueLoss, surrogate_inputs
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
+from rlstack.encoders import ENCODERS
+from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.trainer import Trainer
 
 
@@ -56,3 +58,63 @@ def test_ppo_solves_cartpole_within_1e5_steps(tmp_path):
     summary = LEARNING_RUNS["ppo"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
     assert summary["total_steps"] <= 100_000 + 256
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
+
+
+class _DenseEncoder(nn.Cell):
+    """An encoder with parameters (a conv encoder's place): one Dense + tanh, shared by both heads."""
+
+    def __init__(self, obs_dim: int):
+        super().__init__()
+        self.out_dim = 8
+        self.dense = nn.Dense(obs_dim, self.out_dim)
+
+    def construct(self, x):
+        return ops.tanh(self.dense(x))
+
+
+class _First(nn.Cell):
+    """A loss Cell's first output (the loss) alone, to differentiate."""
+
+    def __init__(self, loss: nn.Cell):
+        super().__init__()
+        self.loss = loss
+
+    def construct(self, *args):
+        return self.loss(*args)[0]
+
+
+def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatch):
+    """PPO's step is two graphs (policy gradient, then value gradient and Adam): an encoder both
+    heads read must get the gradient of the whole loss, value term included, as SB3's CnnPolicy
+    trains its shared features extractor. With SGD at lr 1 and no clipping the step moves every
+    parameter by exactly minus its gradient."""
+    monkeypatch.setitem(ENCODERS, "dense_test", _DenseEncoder)
+    cfg = load_config(None, ["train.ent_coef=0.01", "train.max_grad_norm=1e9"])
+    env = gym.make("CartPole-v1")
+    network = Network(env.observation_space, env.action_space, NetSpec.of(cfg.net, policy=PolicyKind.CATEGORICAL,
+                                                                          encoder="dense_test"))
+    shared = network.encoder_params()
+    assert [p.name for p in shared] == ["encoder.dense.weight", "encoder.dense.bias"]
+    policy, value = shared + network.pi.trainable_params(), network.vf.trainable_params()
+    optimizer = nn.SGD(policy + value, learning_rate=1.0)
+    columns = Columns(network.obs_dim, 1)
+    step = PPOStep(network, optimizer, cfg.train, policy, value, columns, shared_params=tuple(shared))
+    step.set_schedule(1.0, 0.2)
+
+    rng = np.random.default_rng(0)
+    b = 64
+    obs = rng.standard_normal((b, 4)).astype(np.float32)
+    action = rng.integers(0, 2, b).astype(np.int32)
+    old_logp = np.log(rng.uniform(0.2, 0.8, b)).astype(np.float32)
+    ret, old_value = rng.standard_normal(b).astype(np.float32), rng.standard_normal(b).astype(np.float32)
+    terms = surrogate_inputs(rng.standard_normal(b).astype(np.float32), np.ones(b, np.float32), 0.2, normalize=True)
+    whole = ms.grad(_First(PPOLoss(network, cfg.train)), None, ms.ParameterTuple(policy + value))(
+        *(Tensor(x) for x in (obs, action, old_logp, *terms)), Tensor(0.2, ms.float32), Tensor(ret), Tensor(old_value))
+    value_only = ms.grad(_First(ValueLoss(network, cfg.train)), None, ms.ParameterTuple(shared))(
+        Tensor(obs), Tensor(ret), Tensor(old_value))
+    assert all(np.abs(g.asnumpy()).max() > 1e-4 for g in value_only)  # the value term reaches the encoder
+
+    before = [p.asnumpy().copy() for p in policy + value]
+    step.step(Tensor(Columns.pack(obs, action, old_logp, *terms, ret, old_value)))
+    for p, start, grad in zip(policy + value, before, whole, strict=True):
+        np.testing.assert_allclose(start - p.asnumpy(), grad.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
