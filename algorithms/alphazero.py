@@ -74,7 +74,7 @@ class AlphaZeroConfig(TrainConfig):
     weight_decay: float = 0.0
     """L2 regularisation (Adam's weight decay). Off by default: it adds two kernels per
     parameter to the update graph, which crosses the 100-kernel line with a [64, 64] network
-    (113 kernels, measured by `python -m rlstack.bench graphs --config alphazero_tictactoe`)."""
+    (docs/PERFORMANCE.md#the-100-kernel-line)."""
 
     def validate(self, cfg: Config) -> None:
         if cfg.env.id not in ENV_IDS:

@@ -11,8 +11,8 @@ RL Baselines3 Zoo. Differences from SB3:
 - one compiled graph call per gradient step (`DQNStep`), its minibatch sampled on the host.
   The step stays under MindSpore's 100-kernel single-thread limit (fused smooth-L1 loss, the
   online network run once on obs and next_obs together, clipping in few kernels); a graph
-  `while` loop over all K steps of an update ran in the multi-thread actor runtime instead
-  (control flow), measured 6.9 ms per gradient step against ~1 ms now;
+  `while` loop over all K steps of an update would run in the slower multi-thread actor runtime
+  (control flow; docs/PERFORMANCE.md#the-100-kernel-line);
 - the target network is updated when the environment-step counter crosses a multiple of
   `target_update_interval`. The online network only changes inside `learn`, so the updates due
   since the previous `learn` are applied at its start in one step: n Polyak steps towards an

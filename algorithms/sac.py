@@ -12,7 +12,8 @@ automatic entropy tuning (target entropy -|A|). Follows Stable-Baselines3's SAC:
 Differences from SB3:
 - the whole gradient step (critics, actor, temperature, target critics) is *one* compiled graph
   call (`SACUpdate`), and all `gradient_steps` of an update share that call (a graph `while`
-  loop over minibatches stacked [K, B, ...] on the host);
+  loop over minibatches stacked [K, B, ...] on the host); it is over the 100-kernel line and
+  multi-threaded, which is faster for it than split graphs (docs/PERFORMANCE.md#sac-update-graph);
 - the sampling noise of the actor is drawn on the host from the trainer's seeded generator;
 - `target_update_interval` counts gradient steps over the whole run (SB3 counts within one
   `train` call, which makes intervals > 1 with gradient_steps = 1 update every step).
@@ -146,8 +147,8 @@ class SACUpdate(nn.Cell):
     def construct(self, obs, action, reward, next_obs, terminated, noise, next_noise, polyak):
         n_steps = obs.shape[0]
         if n_steps == 1:
-            # One step (SB3's train_freq 1 / gradient_steps 1): no graph loop, whose iteration
-            # and tensor-indexed slices cost ~10% of a step (measured, MindSpore 2.10 CPU).
+            # One step (SB3's train_freq 1 / gradient_steps 1): no graph loop, whose iteration and
+            # tensor-indexed slices cost a share of the step (docs/PERFORMANCE.md#sac-update-graph).
             total = self._step(obs[0], action[0], reward[0], next_obs[0], terminated[0], noise[0],
                                next_noise[0], polyak[0])
         else:
@@ -179,9 +180,8 @@ class SACUpdate(nn.Cell):
             self.alpha_optimizer((-(logp + self.target_entropy).mean(),))
         mix = polyak * self.tau
         for j in range(len(self.target_params)):
-            # target += mix * (critic - target), in place. (One Lerp kernel per parameter computes the
-            # same, but the CPU Lerp took ~0.4 ms on a [256, 256] weight against ~0.04 ms for these
-            # three kernels, measured on MindSpore 2.10.)
+            # target += mix * (critic - target), in place: three cheap kernels, not one slow CPU
+            # Lerp kernel per parameter (docs/PERFORMANCE.md#polyak).
             ops.assign_add(self.target_params[j], (self.critic_params[j] - self.target_params[j]) * mix)
         return ops.stack((critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp.mean()))
 
@@ -206,7 +206,8 @@ class SAC:
         self.lr = parse_schedule(self.cfg.lr, "train.lr")
         self.current_lr = self.lr(1.0)
         self.update = SACUpdate(self.network, self.target, self.cfg, self.current_lr, self.target_entropy)
-        # The lean call (`Cell.__call__` spends ~1.5 ms of Python a call on this many sub-cells).
+        # The lean call (`Cell.__call__` re-sets the compile phase of every sub-cell on each call:
+        # docs/PERFORMANCE.md#sac-update-graph).
         self._update = LeanCall(self.update, state=written_by(self.update))
         self.optimizers = [self.update.critic_optimizer, self.update.actor_optimizer]
         if self.update.learn_alpha:

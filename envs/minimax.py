@@ -44,8 +44,8 @@ NO_MOVE = -WIN - 1
 LEAF_BUDGET = 3_000_000
 """`act` searches a batch in numpy when its leaves (sum over positions of legal_moves ** depth)
 are at most this many, else with the per-position alpha-beta. Connect Four depth 5 on 200 games
-fits (2.9M). Measured here: 0.1-0.25 us and a peak of ~60 bytes per leaf, so at most ~0.75 s and
-~200 MB a call; the batched search beat alpha-beta 2-7x at depths 4-6 on Connect Four."""
+fits (2.9M). The budget bounds a call's time and memory; within it the batched search beats
+alpha-beta on Connect Four (docs/PERFORMANCE.md#minimax)."""
 _CACHE_LIMIT = 200_000
 _COMPLETES = 1 << 20  # far above any sum of heuristic gains over the lines through one cell
 
@@ -167,8 +167,8 @@ class Minimax:
         """Leaves of a full-width search of these positions, roughly: legal ** plies, summed.
 
         It overcounts deep tic-tac-toe searches (cells fill up), which is where alpha-beta, its
-        exact end scores cutting most of the tree, is the faster search: on 123 positions with
-        7-9 empty cells at full depth, 4.2 s batched against 0.19 s one by one (measured here).
+        exact end scores cutting most of the tree, is the faster search
+        (docs/PERFORMANCE.md#minimax).
         """
         spec = self.spec
         occupied = me | opp
@@ -405,7 +405,8 @@ class _LineTables:
         [N, A] bool, and how much does it add to the mover's heuristic [N, A] int64 (meaningless
         where it completes a line)."""
         n, width = code.shape
-        # Flat `take`s: 1.4x faster here than indexing code[rows, lines] with two index arrays.
+        # Flat `take`s: faster than indexing code[rows, lines] with two index arrays
+        # (docs/PERFORMANCE.md#minimax).
         flat, base = code.reshape(-1), (np.arange(n) * width)[:, None]
         total = np.empty(cell.shape, np.int64)
         for a in range(cell.shape[1]):  # one move at a time: [N, lines through a cell] at most

@@ -18,9 +18,9 @@ Players (the opponent interface) take flat observations [n, D] float32 and a num
 and return actions [n]: `RandomPlayer`, `Minimax` (rlstack/envs/minimax.py), `PolicyPlayer`
 (a policy graph: an exported version, or the agent being trained). Besides the versions, a pool may hold built-in sparring partners
 (`PoolSettings.sparring`, e.g. depth-2 minimax), the scripted members of a league, drawn with a
-configurable probability. Measured on tic-tac-toe, pure PPO self-play improves slowly (after
-250k steps its argmax policy still lost 40-100 of 100 games to perfect play); a sparring partner
-supplies the opponent that punishes every mistake, which self-play versions only become late.
+configurable probability. On tic-tac-toe pure PPO self-play improves slowly
+(docs/PERFORMANCE.md#tictactoe-selfplay); a sparring partner supplies the opponent that punishes
+every mistake, which self-play versions only become late.
 """
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ MIN_GRAPH_ROWS = 128
 def graph_rows(n: int, minimum: int = MIN_GRAPH_ROWS) -> int:
     """The batch size n observations are run at: the next power of two >= max(n, minimum).
 
-    A graph is compiled once per input shape (~0.3-0.5 s each, measured here), while a call
-    costs about the same at 8 or 128 rows; opponents answer a varying number of games each step,
-    so a few fixed shapes keep it to one compile per version instead of one per batch size.
-    (A dynamic-shape graph via `set_inputs` compiles once but measured ~2x slower per call.)
+    A graph is compiled once per input shape, and a compile costs far more than the extra rows of
+    a call (docs/PERFORMANCE.md#compiled-batch-sizes); opponents answer a varying number of games
+    each step, so a few fixed shapes keep it to one compile per version instead of one per batch
+    size. (A dynamic-shape graph via `set_inputs` compiles once but is slower per call.)
     """
     return max(minimum, 1 << max(n - 1, 0).bit_length())
 

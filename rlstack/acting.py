@@ -3,7 +3,7 @@
 One class for every caller: the trainer's in-process actor and the actor processes (the
 exported graph, weights refreshed from the learner), evaluation and parity probes (the live
 network), the server's batcher, the self-play opponents and the benchmarks. It owns what each
-of them used to write for itself:
+of them would otherwise write for itself:
 
 - the call: numpy in, numpy out, one graph call per batch, through `rlstack.graphcall.LeanCall`
   for exported graphs (no compile-key work per call);
@@ -16,9 +16,8 @@ of them used to write for itself:
 - weights: `load_weights`, `sync_from` a live network, `follow` one (refresh when its update
   count changes), `swap` to another loaded version; `PolicyWatcher` follows `LATEST`.
 
-Measured here (PPO CartPole net, `python -m rlstack.bench actors`): an export costs 15-70 ms and
-loading plus compiling a new GraphCell 0.2-0.5 s, an in-place weight refresh 0.4-0.8 ms, so the
-in-process actor refreshes weights instead of reloading.
+The in-process actor refreshes weights in place instead of reloading: an export and a new
+GraphCell cost far more than a refresh (docs/PERFORMANCE.md#actors).
 """
 
 from __future__ import annotations

@@ -42,12 +42,11 @@ _NUMPY_TYPES: dict[Any, Any] = {}
 def to_numpy(x: Tensor) -> np.ndarray:
     """A graph output as a numpy array, the cheaper way for its size.
 
-    Measured on MindSpore 2.10's CPU runtime, one output read after a graph call: `asnumpy` costs
-    ~29 us at any size (~5 us of it numpy parsing the buffer's format string in Python, the rest
-    MindSpore's conversion), `np.array(x.tolist())` ~11 us at 8 elements and as much as `asnumpy`
-    at ~256 (`python -m rlstack.bench runtime` times both). Acting outputs and per-step metrics are small: -28 us per CartPole acting call of 8
-    rows (three outputs). Both give the same values bit for bit (float32 -> float -> float32 is
-    exact). Larger outputs keep `asnumpy` (a view of the output's memory, no copy).
+    `Tensor.tolist` reads a small output faster than `asnumpy`, which costs the same at any size:
+    see docs/PERFORMANCE.md#reading-outputs (`python -m rlstack.bench runtime` times both). Acting
+    outputs and per-step metrics are small. Both give the same values bit for bit (float32 ->
+    float -> float32 is exact). Larger outputs keep `asnumpy` (a view of the output's memory, no
+    copy).
     """
     if x.size > SMALL_OUTPUT:
         return x.asnumpy()
@@ -98,12 +97,12 @@ class LeanCall:
     """`LeanCall(cell)(*tensors)` returns what `cell(*tensors)` returns, with less Python per call.
 
     `Cell.__call__` (and `nn.GraphCell`'s) rebuilds the graph's compile-cache key from the
-    arguments on every call: measured 435 us for a 2x64 forward against 140 us when the compiled
-    phase is run directly (docs/DESIGN.md#the-call). The first call of each input signature (shapes and
-    dtypes) goes through the public call, which compiles it; later calls run that compiled phase
-    through MindSpore's graph executor. The first direct run of each signature is compared
-    bitwise with the public call's outputs on the same inputs; if the internal API is missing,
-    fails or differs, every later call takes the public path.
+    arguments on every call, which costs more than running the compiled phase directly
+    (docs/DESIGN.md#the-call, docs/PERFORMANCE.md#the-call). The first call of each input
+    signature (shapes and dtypes) goes through the public call, which compiles it; later calls run
+    that compiled phase through MindSpore's graph executor. The first direct run of each signature
+    is compared bitwise with the public call's outputs on the same inputs; if the internal API is
+    missing, fails or differs, every later call takes the public path.
 
     A graph with side effects (an optimizer step) names the parameters it writes in `state`. The
     check then runs it from the same state twice: the public call, the state it left, that
@@ -162,10 +161,9 @@ class ParameterWrite:
     """`write(*values)` sets `params` (numbers or arrays, in order) from inside a compiled assign
     graph run through `LeanCall`, where `Parameter.set_data` would replace their memory.
 
-    After a `set_data`, the next run of every graph that reads the parameter pays for it: measured
-    on PPO CartPole's minibatch step, +0.45 ms for the learning rate and +0.2 ms for the clip range
-    on the first step after they were set (median over 150 updates), none after an assign graph
-    wrote them. Schedules that change every update (`lin_X`) write through this."""
+    After a `set_data`, the next run of every graph that reads the parameter pays for it; after an
+    assign graph wrote it, none does (docs/PERFORMANCE.md#parameter-writes). Schedules that change
+    every update (`lin_X`) write through this."""
 
     def __init__(self, params: Sequence[Parameter]):
         if not 0 < len(params) <= ASSIGN_CHUNK:
@@ -185,9 +183,8 @@ class ParameterCopy:
     """`copy()` writes the current values of `sources` into `targets` (parameters of the same
     shapes, e.g. a loaded acting graph's and the live network's) with `ParameterWrite`s of
     `ASSIGN_CHUNK` targets each: the sources are fed as graph inputs (their `asnumpy`),
-    without the private copies and `set_data` of `Acting.load_weights`. Measured in SAC Pendulum
-    runs ([256, 256] actor, a refresh after every gradient step): 0.31-0.38 ms per refresh against
-    0.43-0.61 ms (medians)."""
+    without the private copies and `set_data` of `Acting.load_weights`, which refresh slower
+    (docs/PERFORMANCE.md#parameter-copy)."""
 
     def __init__(self, targets: Sequence[Parameter], sources: Sequence[Parameter]):
         if len(targets) != len(sources):

@@ -1,14 +1,9 @@
 """Graph pieces written with the kernels MindSpore 2.10's CPU runtime runs fast.
 
-Measured per kernel with MindSpore's profiler (`rlstack.profiling`, operator times), 2-core CPU:
-
-- Python slicing in a graph (`x[:, a:b]`, `x[:, i]`, `x[a:b]`) compiles to `StridedSlice`: 10-35 us
-  per call whatever the size (a row of [13, 256], a column of [256, 13], a 4,096-element piece of a
-  vector); `ops.split` is lowered to `StridedSlice` too. `ops.slice` compiles to `Slice`: 1.5-2.6 us.
-  PPO's minibatch step sliced 16 times: 0.42 ms of its 2.2 ms.
-- `ops.log_softmax` is one `LogSoftmax` kernel of 48-72 us on [8, 2] to [256, 2] logits (56 us of
-  the CartPole acting call's ~170 us), and its gradient `LogSoftmaxGrad` 27-31 us more. The same
-  function in elementwise kernels and reductions (this module's `LogSoftmax` Cell) took 11-16 us.
+- Slices as one `Slice` kernel (`ops.slice`), not `StridedSlice`, which Python slicing in a graph
+  (`x[:, a:b]`, `x[:, i]`, `x[a:b]`) and `ops.split` compile to: see docs/PERFORMANCE.md#slices.
+- Log softmax in element-wise kernels and reductions (this module's `LogSoftmax` Cell), not the
+  `LogSoftmax` kernel `ops.log_softmax` compiles to: see docs/PERFORMANCE.md#log-softmax.
 """
 
 from __future__ import annotations
@@ -40,9 +35,9 @@ class LogSoftmax(nn.Cell):
 
     `Log1p`, not `Log`: MindSpore's CPU `Log` (and `Softplus`) kernel returns different last bits
     for the same input while its parallel launch searches for a thread split (about the first ten
-    calls of a graph) whenever the size is not a multiple of 8; `Log1p` and `Exp` measured bitwise
-    stable, and the exported graph must compute what the learner computes bit for bit. Against
-    float64 it is within 1e-6 on the logits measured, `ops.log_softmax` within 3.6e-6.
+    calls of a graph) whenever the size is not a multiple of 8; `Log1p` and `Exp` were bitwise
+    stable, and the exported graph must compute what the learner computes bit for bit. Its error
+    against float64 is below `ops.log_softmax`'s: docs/PERFORMANCE.md#log-softmax.
     """
 
     def construct(self, logits):

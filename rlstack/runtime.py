@@ -69,7 +69,7 @@ def configure(device: str = "cpu", fusion: str = "auto") -> Runtime:
         raise DeviceError(f"device '{device}' is not usable: this MindSpore {ms.__version__} install "
                           f"has no working {_DEVICE_TARGETS[device]} backend "
                           "(run `python -m rlstack.doctor` for details, or set device: cpu)")
-    # PyNative costs ~10x per call (docs/DESIGN.md); rlstack always runs compiled graphs.
+    # PyNative costs far more per call (docs/PERFORMANCE.md#pynative): always compiled graphs.
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
         ms.set_device(_DEVICE_TARGETS[device])
@@ -133,11 +133,11 @@ _frozen = False
 
 
 def _freeze_imports() -> None:
-    """Move the objects alive now (the imported modules: ~170k with MindSpore's) out of the
+    """Move the objects alive now (the imported modules', MindSpore's among them) out of the
     cyclic garbage collector's reach, once per process. MindSpore runs `gc.collect()` before
     every graph compilation and Python's own full collections run during training and serving;
-    each traversed all of them (measured: six compilations of a small network took 2.06-2.40
-    CPU seconds unfrozen, 1.90-2.07 frozen). Later objects (networks, trainers) stay collectable."""
+    each traversed all of them (docs/PERFORMANCE.md#gc-freeze). Later objects (networks, trainers)
+    stay collectable."""
     global _frozen
     if not _frozen:
         gc.collect()

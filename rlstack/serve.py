@@ -151,9 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlstack.serving.app import create_app
 
     # The graph thread has to win the GIL back from a busy event loop several times per graph
-    # call; at Python's default 5 ms switch interval that made a call ~20-35 ms under load (64
-    # clients), at 0.5 ms ~2x shorter, with ~2x the requests/s (measured; 1 ms and 0.2 ms were
-    # no better). The server process is ours, so the interpreter-wide setting is too.
+    # call: a 0.5 ms switch interval, not Python's default 5 ms (docs/PERFORMANCE.md#serve). The
+    # server process is ours, so the interpreter-wide setting is too.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     log.info("HTTP parser %s, event loop %s", *_uvicorn_impl())
     app = create_app(settings)

@@ -48,11 +48,11 @@ class _Pending:
 def bucket_sizes(max_batch: int, max_rows: int) -> tuple[int, ...]:
     """Batch sizes the graph is compiled for: 1, 4, 16, 64, ... up to max(max_batch, max_rows).
 
-    A GraphCell compiles once per input shape (~0.2-0.3 s each here) and dynamic batching makes
-    every size from 1 to max_batch, so a batch is zero-padded up to the next bucket. A graph
-    call costs about the same from 1 to 64 rows, so coarse buckets waste little and keep the
-    compiles (at startup and at every reload) few. A dynamic-shape compile (`set_inputs` with
-    None) would avoid padding but measured 2-4x the CPU per call.
+    A GraphCell compiles once per input shape and dynamic batching makes every size from 1 to
+    max_batch, so a batch is zero-padded up to the next bucket. A graph call costs about the same
+    from 1 to 64 rows, so coarse buckets waste little and keep the compiles (at startup and at
+    every reload) few. A dynamic-shape compile (`set_inputs` with None) would avoid padding but
+    costs more CPU per call. Figures: docs/PERFORMANCE.md#compiled-batch-sizes.
     """
     sizes, size = [], 1
     while size < max(max_batch, max_rows):

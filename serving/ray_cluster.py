@@ -50,7 +50,7 @@ def prepare(address: str | None) -> str | None:
 def unreachable(address: str | None) -> str | None:
     """Why nothing answers at a `host:port` cluster address (a TCP connect), else None. Without
     this check Ray tries to reach an absent cluster for over a minute before it gives up
-    (measured: 76 s)."""
+    (docs/PERFORMANCE.md#ray)."""
     if address is None or address == "auto" or "://" in address:
         return None  # a local instance; `auto` (Ray finds the cluster itself); a Ray Client URL
     host, _, port = address.rpartition(":")

@@ -141,7 +141,8 @@ def parse_obs(raw: list[Any], obs_shape: tuple[int, ...], max_rows: int) -> tupl
         raise BadInput(422, "obs is not a rectangular array of numbers (rows of different lengths, "
                             "or values that are not numbers)", expected)
     # true/false become 1/0 (1.0/0.0 beside floats) in np.asarray; the walk over the Python list
-    # that finds them runs only when the array holds a 0 or a 1 (~1 ms for 1024 rows of 4).
+    # that finds them is slow on large batches (docs/PERFORMANCE.md#serve), so it runs only when
+    # the array holds a 0 or a 1.
     maybe_bool = arr.dtype.kind in "iu" or (arr.dtype.kind == "f" and bool(((arr == 0) | (arr == 1)).any()))
     if maybe_bool and _holds_bool(raw):
         raise BadInput(422, "obs holds true/false; it must hold numbers", expected)
@@ -174,7 +175,8 @@ def _answer_json(action: np.ndarray, logp: np.ndarray, value: np.ndarray, versio
     else:
         payload = {"action": action.tolist(), "logp": logp.tolist(), "value": value.tolist()}
     payload["policy_version"] = version
-    # json.dumps of plain lists is faster here than validating the union schema per response.
+    # json.dumps of plain lists is faster than validating the union schema per response
+    # (docs/PERFORMANCE.md#serve).
     return json.dumps(payload, allow_nan=False).encode()
 
 
@@ -186,9 +188,10 @@ def _is_json(content_type: str) -> bool:
 
 
 # /v1/act, the route every client hits, is a plain Starlette route (added by the app factory):
-# FastAPI's parameter and dependency machinery measured ~40% of this route's per-request CPU,
-# and pydantic parses the body bytes in Rust (`model_validate_json`) just as well here. Its
-# OpenAPI entry is written out in `act_openapi` instead of being derived from the signature.
+# FastAPI's parameter and dependency machinery is a large share of this route's per-request CPU
+# (docs/PERFORMANCE.md#serve), and pydantic parses the body bytes in Rust
+# (`model_validate_json`) just as well here. Its OpenAPI entry is written out in `act_openapi`
+# instead of being derived from the signature.
 async def act(request: Request) -> Response:
     server: ServerState = request.app.state.server
     policy = server.batcher.served.policy
