@@ -26,6 +26,8 @@ from rlstack.config import ConfigError, load_config
 from rlstack.envs import EnvError, make_env, make_vector_env
 from rlstack.envs.make import import_env_modules, resolve_wrappers
 
+pytestmark = pytest.mark.slow  # ~1 minute here: three short training runs, with actor processes and a Ray actor
+
 MODULE = "rlstack_test_user_envs"
 WRAPPER_MODULE = "rlstack_test_user_wrappers"
 """Apart from MODULE, so that importing the wrappers does not register the env."""
