@@ -1,9 +1,26 @@
-"""Building seeded gymnasium vector envs for the actor stage, with plain errors for bad ids."""
+"""Building seeded gymnasium vector envs for the actor stage, with plain errors for bad ids.
+
+Every env rlstack steps is made here, in the learner, in actor processes and in Ray actors alike,
+so the user's hooks apply everywhere through the same two functions:
+
+- `import_env_modules(env.imports)`: modules imported before any env is made (a module that calls
+  `gymnasium.register` at import makes its ids available in this process);
+- `resolve_wrappers(env.wrappers)`: `"module:Callable"` entries, each applied in order to every
+  single env right after `gymnasium.make` returns it (`env = fn(env)`), outside gymnasium's own
+  registration wrappers (time limit, order enforcing, env checker). rlstack adds no per-env
+  wrappers of its own (observation normalisation is inside the graph), so the user's are the
+  outermost, and the vector env is built over the wrapped envs.
+
+An id may also name the module that registers it, gymnasium's `"module:Id"` form
+(`my_pkg.envs:MyEnv-v0`): the module is imported first, as `gymnasium.make` does.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -16,23 +33,115 @@ class EnvError(ValueError):
     """The environment cannot be made (unknown id, missing extra, bad kwargs)."""
 
 
-def _check_id(env_id: str) -> None:
-    if env_id in gym.registry:
-        return
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise EnvError(f"unknown environment id '{env_id}'{hint} (see gymnasium.registry for registered ids)")
+Wrapper = Callable[[gym.Env], gym.Env]
+"""An `env.wrappers` entry resolved: called with one env, returns the env to use instead."""
 
 
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
-    """One gymnasium env; raises EnvError with the reason when it cannot be made."""
-    _check_id(env_id)
+def _import(module: str) -> str | None:
+    """Import `module`; None, or why it failed (the exception's type and text)."""
     try:
-        return gym.make(env_id, render_mode=render_mode, **(kwargs or {}))
+        importlib.import_module(module)
+    except Exception as err:  # ImportError, or whatever the module's own code raised
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def import_env_modules(modules: Sequence[str]) -> None:
+    """Import each of `modules` (`env.imports`), in order, before any env is made: a module that
+    calls `gymnasium.register` at import makes its ids available in this process. Importing again
+    is free (Python keeps imported modules). Raises EnvError naming the key and the module."""
+    for module in modules:
+        if not isinstance(module, str) or not module.strip():
+            raise EnvError(f"env.imports: {module!r} is not a module name (e.g. my_pkg.envs)")
+        failed = _import(module)
+        if failed:
+            raise EnvError(f"env.imports: could not import '{module}': {failed} (is it installed, or on "
+                           "PYTHONPATH in every process that makes the env?)")
+
+
+def resolve_wrappers(entries: Sequence[str | Wrapper]) -> list[Wrapper]:
+    """The callables of `env.wrappers` entries (`"module:Callable"`, the attribute may be dotted:
+    `"module:Class.factory"`), in order; a callable is taken as it is. Raises EnvError naming the
+    key and the entry when an entry is malformed, its module does not import, or it names
+    nothing callable."""
+    wrappers = []
+    for entry in entries:
+        if callable(entry):
+            wrappers.append(entry)
+            continue
+        where = f"env.wrappers entry {entry!r}"
+        module, colon, attr = entry.partition(":") if isinstance(entry, str) else ("", "", "")
+        if not (colon and module.strip() and attr.strip()) or ":" in attr:
+            raise EnvError(f"{where} is not of the form 'module:Callable' (e.g. "
+                           "'gymnasium.wrappers:FlattenObservation')")
+        failed = _import(module)
+        if failed:
+            raise EnvError(f"{where}: could not import module '{module}': {failed}")
+        target: Any = importlib.import_module(module)
+        for i, part in enumerate(attr.split(".")):
+            if not hasattr(target, part):
+                owner = ".".join([module, *attr.split(".")[:i]])
+                raise EnvError(f"{where}: '{owner}' has no attribute '{part}'")
+            target = getattr(target, part)
+        if not callable(target):
+            raise EnvError(f"{where}: '{module}.{attr}' is not callable (it is of type {type(target).__name__}; "
+                           "a wrapper is called with the env and returns the wrapped env)")
+        wrappers.append(target)
+    return wrappers
+
+
+def _registered_id(env_id: str) -> str:
+    """The registry id `env_id` names, importing the module of a `"module:Id"` id first (as
+    gymnasium.make does); raises EnvError naming the id when the module or the id does not exist."""
+    module, name = "", env_id
+    if ":" in env_id:
+        module, _, name = env_id.partition(":")
+        if not module or not name or ":" in name:
+            raise EnvError(f"environment id '{env_id}' is not of the form 'Id' or 'module:Id' "
+                           "(e.g. my_pkg.envs:MyEnv-v0)")
+        failed = _import(module)
+        if failed:
+            raise EnvError(f"environment id '{env_id}': could not import module '{module}': {failed}")
+    if name in gym.registry:
+        return name
+    close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    where = f" (no id '{name}' is registered after importing '{module}')" if module else ""
+    raise EnvError(f"unknown environment id '{env_id}'{where}{hint} (see gymnasium.registry for registered ids)")
+
+
+def _wrap(env: gym.Env, wrappers: Sequence[Wrapper], entries: Sequence[Any], env_id: str) -> gym.Env:
+    for fn, entry in zip(wrappers, entries, strict=True):
+        try:
+            wrapped = fn(env)
+        except Exception as err:
+            env.close()
+            raise EnvError(f"env.wrappers entry {entry!r} failed on environment '{env_id}': "
+                           f"{type(err).__name__}: {err}") from err
+        if not isinstance(wrapped, gym.Env):
+            env.close()
+            raise EnvError(f"env.wrappers entry {entry!r} returned a {type(wrapped).__name__}, not a "
+                           "gymnasium.Env (a wrapper is called with the env and returns the wrapped env)")
+        env = wrapped
+    return env
+
+
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None, *,
+             imports: Sequence[str] = (), wrappers: Sequence[str | Wrapper] = ()) -> gym.Env:
+    """One gymnasium env, `imports` (`env.imports`) imported before and `wrappers` (`env.wrappers`)
+    applied after it is made; raises EnvError with the reason when it cannot be made."""
+    import_env_modules(imports)
+    fns = resolve_wrappers(wrappers)
+    name = _registered_id(env_id)
+    # render_mode only when asked for, as the vector envs' copies are made: an env need not take it.
+    render = {} if render_mode is None else {"render_mode": render_mode}
+    try:
+        env = gym.make(name, **render, **(kwargs or {}))
     except gym.error.DependencyNotInstalled as err:
         raise EnvError(f"environment '{env_id}' needs an extra package: {err}") from None
     except TypeError as err:
         raise EnvError(f"environment '{env_id}' rejected env.kwargs {kwargs}: {err}") from None
+    return _wrap(env, fns, wrappers, env_id)
 
 
 VECTORIZATIONS = ("auto", "native", "per_env")
@@ -42,9 +151,12 @@ implementation, `per_env` one env object per copy (SyncVectorEnv / AsyncVectorEn
 
 
 def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
-                    kwargs: dict[str, Any] | None = None, vectorization: str = "auto") -> gym.vector.VectorEnv:
+                    kwargs: dict[str, Any] | None = None, vectorization: str = "auto", *,
+                    imports: Sequence[str] = (), wrappers: Sequence[str | Wrapper] = ()) -> gym.vector.VectorEnv:
     """`n_envs` copies of `env_id` (seed them with `envs.reset(seed=seed)`; per_env: env i gets seed + i,
-    native: one generator for all copies).
+    native: one generator for all copies). `imports` (`env.imports`) are imported first; `wrappers`
+    (`env.wrappers`) wrap every copy, so they need one env object per copy: `auto` is then
+    per_env, and `native` is refused.
 
     Autoreset is SAME_STEP: when an episode ends, `step` returns the first observation of the
     next episode and puts the last one in `info["final_obs"]`, so the learner can bootstrap a
@@ -52,12 +164,18 @@ def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
     """
     if vectorization not in VECTORIZATIONS:
         raise EnvError(f"'env.vectorization' is {vectorization!r}; valid values: {', '.join(VECTORIZATIONS)}")
-    make_env(env_id, kwargs).close()  # fail here, in this process, with a clear message
+    make_env(env_id, kwargs, imports=imports, wrappers=wrappers).close()  # fail here, in this process, clearly
+    fns = resolve_wrappers(wrappers)
+    name = _registered_id(env_id)  # a "module:Id" id's module is imported by now
     kwargs = kwargs or {}
-    native = native_entry_point(env_id)
+    native = native_entry_point(name)
     # rlstack's self-play games exist only as their vector env: it holds the opponent pool.
-    only_native = native is not None and env_id not in SAME_STEP_ADAPTERS
-    if vectorization == "per_env":
+    only_native = native is not None and name not in SAME_STEP_ADAPTERS
+    if fns and native is not None and (vectorization == "native" or only_native):
+        raise EnvError(f"env.wrappers wrap single envs, but '{env_id}' would run as its own vector env "
+                       f"({native.__name__}), which steps every copy in one object"
+                       + ("" if only_native else "; use env.vectorization: auto or per_env"))
+    if vectorization == "per_env" or (fns and vectorization == "auto"):  # one env object per copy
         if only_native:
             raise EnvError(f"'env.vectorization' is 'per_env' but '{env_id}' runs only as its own vector env "
                            f"({native.__name__}); use auto or native")
@@ -70,7 +188,7 @@ def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
         if not rejected:
             # Every copy stepped at once in numpy arrays (envs/vectorized.py), or a purpose-built
             # batched env (self-play games: opponents' moves batched across all games).
-            spec = dataclasses.replace(gym.spec(env_id), vector_entry_point=native)
+            spec = dataclasses.replace(gym.spec(name), vector_entry_point=native)
             return gym.make_vec(spec, num_envs=n_envs, vectorization_mode="vector_entry_point", **kwargs)
         if vectorization == "native" or only_native:
             hint = "" if only_native else "; use env.vectorization: per_env"
@@ -78,7 +196,7 @@ def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
                            f"{', '.join(rejected)}{hint}")
 
     def factory():
-        return gym.make(env_id, **kwargs)
+        return _wrap(gym.make(name, **kwargs), fns, wrappers, env_id)
 
     cls = SyncVectorEnv if vector == "sync" else AsyncVectorEnv
     envs = cls([factory] * n_envs, autoreset_mode=AutoresetMode.SAME_STEP)

@@ -231,6 +231,10 @@ class ActorSpec:
     vectorization: str = "auto"
     """`env.vectorization` (rlstack.envs.make_vector_env)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_imports: tuple[str, ...] = ()
+    """`env.imports`: modules the actor imports before it makes its envs."""
+    env_wrappers: tuple[str, ...] = ()
+    """`env.wrappers`: `module:Callable` entries applied to every one of the actor's envs."""
     device: str = "cpu"
     fusion: str = "auto"
     off_policy: bool = False

@@ -71,7 +71,19 @@ class ConfigError(ValueError):
 @dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
-    """Gymnasium environment id (any registered id, e.g. `Acrobot-v1`, `Pendulum-v1`)."""
+    """Gymnasium environment id (any registered id, e.g. `Acrobot-v1`, `Pendulum-v1`), or
+    gymnasium's `module:Id` (e.g. `my_pkg.envs:MyEnv-v0`: `my_pkg.envs` is imported first, in every
+    process, and registers `MyEnv-v0`)."""
+    imports: list[str] = field(default_factory=list)
+    """Modules to import before any env is made, in the learner and in every actor process and Ray
+    actor (e.g. `[my_pkg.envs]`, a module that calls `gymnasium.register` at import). Each must be
+    importable in every process (installed, or on PYTHONPATH; on a Ray cluster, on every node)."""
+    wrappers: list[str] = field(default_factory=list)
+    """`module:Callable` entries (e.g. `[gymnasium.wrappers:FlattenObservation, my_pkg.envs:scale]`),
+    each called in order on every single env right after `gymnasium.make` returns it
+    (`env = fn(env)`, outside gymnasium's time limit and checker; rlstack adds no per-env wrappers),
+    in training, evaluation and actor processes alike. They need one env object per copy:
+    `env.vectorization: auto` is then per_env, and `native` is refused."""
     n_envs: int = 8
     """Number of environments stepped together in one vector env (one graph call per step)."""
     vector: str = "sync"
@@ -84,6 +96,19 @@ class EnvConfig:
     """Extra keyword arguments for `gymnasium.make`."""
     eval_episodes: int = 10
     """Episodes of the final deterministic evaluation (run side by side, one graph call per step)."""
+
+    def __post_init__(self) -> None:
+        # Imported and resolved where the config is resolved, so the ids the modules register exist
+        # before this process makes an env, and a bad entry is a config error before anything starts.
+        # Actor processes and Ray actors import them again themselves (rlstack.envs.make).
+        if self.imports or self.wrappers:
+            from rlstack.envs.make import EnvError, import_env_modules, resolve_wrappers
+
+            try:
+                import_env_modules(self.imports)
+                resolve_wrappers(self.wrappers)
+            except EnvError as err:
+                raise ConfigError(str(err)) from None
 
 
 @dataclass

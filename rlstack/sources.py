@@ -72,7 +72,8 @@ def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_
     spec = ActorSpec(env_id=cfg.env.id, n_envs=cfg.env.n_envs, steps=algo.chunk_steps, policy_dir=str(policy_dir),
                      bootstrap=str(bootstrap), seed=cfg.seed + 1_000 * counters.updates, vector=cfg.env.vector,
                      vectorization=cfg.env.vectorization,
-                     env_kwargs=dict(cfg.env.kwargs), device=cfg.device, fusion=cfg.fusion,
+                     env_kwargs=dict(cfg.env.kwargs), env_imports=tuple(cfg.env.imports),
+                     env_wrappers=tuple(cfg.env.wrappers), device=cfg.device, fusion=cfg.fusion,
                      off_policy=not algo.on_policy, selfplay=selfplay)
     # Backend options are the config section named after the backend (`ray:`), if it has one.
     section = getattr(cfg, cfg.actors_backend, None)

@@ -100,7 +100,8 @@ def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lo
         from rlstack.runtime import configure
 
         runtime = configure(spec.device, spec.fusion)
-        envs = make_vector_env(spec.env_id, spec.n_envs, spec.vector, spec.env_kwargs, spec.vectorization)
+        envs = make_vector_env(spec.env_id, spec.n_envs, spec.vector, spec.env_kwargs, spec.vectorization,
+                               imports=spec.env_imports, wrappers=spec.env_wrappers)
         obs_shape = tuple(envs.single_observation_space.shape)
         watcher = PolicyWatcher(spec.policy_dir, obs_shape=obs_shape, device=runtime.device, fusion=runtime.fusion)
         acting = watcher.poll() or load_policy(spec.bootstrap, obs_shape=obs_shape, device=runtime.device,

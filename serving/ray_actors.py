@@ -114,7 +114,8 @@ class _Collector:
         runtime = configure(spec.device, spec.fusion)
         self._dir = tempfile.TemporaryDirectory(prefix="rlstack-actor-")
         version = write_version(graph_files, Path(self._dir.name) / "policy")
-        self.envs = make_vector_env(spec.env_id, spec.n_envs, spec.vector, spec.env_kwargs, spec.vectorization)
+        self.envs = make_vector_env(spec.env_id, spec.n_envs, spec.vector, spec.env_kwargs, spec.vectorization,
+                                    imports=spec.env_imports, wrappers=spec.env_wrappers)
         self.acting = load_policy(version, obs_shape=tuple(self.envs.single_observation_space.shape),
                                   device=runtime.device, fusion=runtime.fusion)
         self.spec, self.collector = spec, None
