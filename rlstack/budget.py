@@ -97,7 +97,7 @@ def probe_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     """(observation space, action space) of one env of `cfg.env`, made and closed here, so the
     budget is checked before `make_vector_env` builds `env.n_envs` of them. These are the vector
     env's single-env spaces (the self-play games' vector env uses the same ones)."""
-    env = make_env(cfg.env.id, cfg.env.kwargs)
+    env = make_env(cfg.env.id, cfg.env.kwargs, imports=cfg.env.imports, wrappers=cfg.env.wrappers)
     try:
         return env.observation_space, env.action_space
     finally:

@@ -65,7 +65,7 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         budget.check_fits(cfg, *budget.probe_spaces(cfg))  # before n_envs envs and the networks exist
         self.envs = make_vector_env(cfg.env.id, cfg.env.n_envs, cfg.env.vector, cfg.env.kwargs,
-                                    cfg.env.vectorization)
+                                    cfg.env.vectorization, imports=cfg.env.imports, wrappers=cfg.env.wrappers)
         self.obs_space = self.envs.single_observation_space
         self.action_space = self.envs.single_action_space
         self.algo: registry.Algorithm = registry.get(cfg.algo).build(cfg, self.obs_space, self.action_space)

@@ -202,8 +202,6 @@ def test_env_imports_and_wrappers_reach_two_actor_processes(user_dir, tmp_path):
     assert np.all(returns % 10 == 0) and np.all((returns >= 10 * LENGTH) & (returns <= 20 * LENGTH)), returns
 
 
-@pytest.mark.xfail(strict=True, reason="the learner's own envs are made by rlstack/trainer.py and "
-                   "rlstack/budget.py, whose calls do not pass env.imports/env.wrappers yet")
 def test_wrappers_apply_to_the_learners_own_envs(user_dir, tmp_path):
     """`actors: 0`: the learner collects with its own envs, which are wrapped too."""
     from rlstack.trainer import Trainer
