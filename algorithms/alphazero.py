@@ -168,7 +168,7 @@ class PositionReplay:
         return self.rows[index[:, None], columns]
 
 
-class SearchSource:
+class SearchSource(registry.ChunkSource):
     """The learner's chunks for a search learner: the positions of `games_per_update` finished
     self-play games as a `Trajectory` of [P, 1] (one column of games, move after move) with the
     search's distributions in `policy_target`."""
@@ -195,10 +195,11 @@ class SearchSource:
         """Nothing to send: the search's acting graph follows the live network itself."""
 
 
-class AlphaZero:
-    """Search self-play on the shared network module: categorical policy (masked) plus value."""
+class AlphaZero(registry.Algorithm):
+    """Search self-play on the shared network module: categorical policy (masked) plus value;
+    root noise and the opening temperature explore."""
 
-    on_policy = True
+    data_path = registry.DataPath.OWN
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
         self.cfg: AlphaZeroConfig = cfg.train
@@ -231,15 +232,6 @@ class AlphaZero:
     def summary(self) -> dict[str, Any]:
         """`summary.json` entries: the self-play games' counts and rates (`SelfPlayGames.stats`)."""
         return {"selfplay/games": self.games.stats()} if self.games is not None else {}
-
-    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
-        self.network.set_obs_stats(mean, var)
-
-    def explore(self, progress_remaining: float) -> None:
-        """Nothing to schedule: root noise and the opening temperature explore."""
-
-    def acting_key(self) -> tuple:
-        return ()
 
     def learn(self, rollout: Trajectory, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
         """Add a chunk's positions to the replay, then `gradient_steps` Adam steps on it."""

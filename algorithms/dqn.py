@@ -22,6 +22,7 @@ RL Baselines3 Zoo. Differences from SB3:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -31,7 +32,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.buffers import pack_columns
-from rlstack.config import Config, ConfigError, OffPolicyConfig
+from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
 from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
@@ -69,6 +70,11 @@ class DQNConfig(OffPolicyConfig):
     """Double-DQN target (online argmax, target value); False: max of the target network."""
     dueling: bool = False
     """Dueling Q head: Q = V + A - mean(A) (Wang et al. 2016)."""
+
+    def network_params(self, hidden: Sequence[int], obs_dim: int, action_dim: int) -> tuple[int, int]:
+        """The Q MLP (+ 1 output: a dueling head's V) and its target copy."""
+        q = mlp_params(obs_dim, hidden, action_dim + 1)
+        return q, q
 
     def validate(self, cfg: Config) -> None:
         super().validate(cfg)
@@ -175,10 +181,10 @@ class TargetUpdate(nn.Cell):
         return mix
 
 
-class DQN:
+class DQN(registry.Algorithm):
     """Double DQN: a Q head (optionally dueling) on the shared network, plus a target copy."""
 
-    on_policy = False
+    data_path = registry.DataPath.REPLAY
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
         if not isinstance(action_space, gym.spaces.Discrete):
@@ -203,9 +209,8 @@ class DQN:
         """Everything a checkpoint must hold: network, target network, optimizer, target-sync step."""
         return self.step
 
-    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
-        self.network.set_obs_stats(mean, var)
-        self.target.set_obs_stats(mean, var)
+    def target_networks(self) -> tuple:
+        return (self.target,)
 
     def explore(self, progress_remaining: float) -> None:
         """Set the acting graph's epsilon for the coming vector step."""

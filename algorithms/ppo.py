@@ -19,6 +19,7 @@ Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -29,7 +30,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from rlstack import registry
 from rlstack.buffers import RolloutBatch, pack_columns, rollout_batch
 from rlstack.collector import Trajectory
-from rlstack.config import Config, ConfigError, TrainConfig
+from rlstack.config import Config, ConfigError, TrainConfig, mlp_params
 from rlstack.distributed import GradMean
 from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
@@ -70,6 +71,12 @@ class PPOConfig(TrainConfig):
     against the learner's policy at the start of the update and each sample is weighted by
     min(pi_learner / pi_behaviour, is_clip) (decoupled PPO, Hilton et al. 2022, with IMPALA's
     truncation). None: plain PPO, the ratio against the actor's recorded logp."""
+
+    data_parallel = True  # the update all-reduces its gradients (`learner.workers` >= 2)
+
+    def network_params(self, hidden: Sequence[int], obs_dim: int, action_dim: int) -> tuple[int, int]:
+        """A policy and a value MLP, a Gaussian's log_std; no target."""
+        return mlp_params(obs_dim, hidden, action_dim) + mlp_params(obs_dim, hidden, 1) + action_dim, 0
 
     def validate(self, cfg: Config) -> None:
         rollout = self.n_steps * cfg.env.n_envs
@@ -307,10 +314,10 @@ class LearnerLogp(nn.Cell):
         return self.network.evaluate(obs, action)[0]
 
 
-class PPO:
+class PPO(registry.Algorithm):
     """PPO on the shared network module: categorical or Gaussian policy plus a value head."""
 
-    on_policy = True
+    data_path = registry.DataPath.ROLLOUT
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
         self.cfg: PPOConfig = cfg.train
@@ -340,15 +347,6 @@ class PPO:
     def state_cell(self) -> nn.Cell:
         """Everything a checkpoint must hold: network and optimizer state."""
         return self.update
-
-    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
-        self.network.set_obs_stats(mean, var)
-
-    def explore(self, progress_remaining: float) -> None:
-        """Nothing to schedule: the policy's own noise explores."""
-
-    def acting_key(self) -> tuple:
-        return ()
 
     def learn(self, rollout: Trajectory, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
         """One PPO update from one rollout (a collector chunk of `n_steps` vector steps); returns

@@ -22,6 +22,7 @@ Differences from SB3:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -30,7 +31,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
-from rlstack.config import Config, ConfigError, OffPolicyConfig
+from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
 from rlstack.graphcall import LeanCall, to_numpy, written_by
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.registry import Progress
@@ -51,6 +52,13 @@ class SACConfig(OffPolicyConfig):
     """Entropy target of the learned alpha: `auto` is -dim(A), or a number."""
     n_critics: int = 2
     """Number of Q critics (the minimum over them is used: clipped double-Q)."""
+
+    def network_params(self, hidden: Sequence[int], obs_dim: int, action_dim: int) -> tuple[int, int]:
+        """The actor and `n_critics` critics, log(alpha); the target is a whole network (its unused
+        actor is allocated too)."""
+        networks = mlp_params(obs_dim, hidden, 2 * action_dim) + self.n_critics * mlp_params(
+            obs_dim + action_dim, hidden, 1)
+        return networks + 1, networks
 
     def validate(self, cfg: Config) -> None:
         super().validate(cfg)
@@ -186,10 +194,10 @@ class SACUpdate(nn.Cell):
         return ops.stack((critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp.mean()))
 
 
-class SAC:
+class SAC(registry.Algorithm):
     """SAC: squashed-Gaussian policy and twin Q critics on the shared network, plus target critics."""
 
-    on_policy = False
+    data_path = registry.DataPath.REPLAY
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
         if not isinstance(action_space, gym.spaces.Box):
@@ -219,15 +227,8 @@ class SAC:
         """Everything a checkpoint must hold: network, target critics, optimizers, log(alpha)."""
         return self.update
 
-    def set_obs_stats(self, mean: np.ndarray, var: np.ndarray) -> None:
-        self.network.set_obs_stats(mean, var)
-        self.target.set_obs_stats(mean, var)
-
-    def explore(self, progress_remaining: float) -> None:
-        """Nothing to schedule while acting (the policy's own noise explores)."""
-
-    def acting_key(self) -> tuple:
-        return ()
+    def target_networks(self) -> tuple:
+        return (self.target,)
 
     @property
     def alpha(self) -> float:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,33 +207,8 @@ def human(nbytes: float) -> str:
 
 # ----- the consumers ----------------------------------------------------------------------------
 
-def _mlp_params(in_dim: int, hidden: Sequence[int], out_dim: int) -> int:
-    """Weights and biases of `rlstack.network.mlp(in_dim, hidden, out_dim, ...)`."""
-    sizes = [in_dim, *hidden, out_dim]
-    return sum((fan_in + 1) * fan_out for fan_in, fan_out in zip(sizes, sizes[1:], strict=False))
-
-
-def _network_params(cfg: Config, obs_dim: int, action_dim: int) -> tuple[int, int]:
-    """(trained, target) parameter counts of the networks `cfg.algo` builds, as algorithms/*.py
-    build them from `rlstack.network.Network`."""
-    hidden = cfg.net.hidden
-    policy, value = _mlp_params(obs_dim, hidden, action_dim), _mlp_params(obs_dim, hidden, 1)
-    if cfg.algo == "ppo":
-        return policy + value + action_dim, 0  # + a Gaussian's log_std
-    if cfg.algo == "dqn":
-        q = _mlp_params(obs_dim, hidden, action_dim + 1)  # + 1: a dueling head's V
-        return q, q
-    if cfg.algo == "sac":
-        # The target is a whole Network: its (unused) actor is allocated too. + 1: log(alpha).
-        networks = _mlp_params(obs_dim, hidden, 2 * action_dim) + cfg.train.n_critics * _mlp_params(
-            obs_dim + action_dim, hidden, 1)
-        return networks + 1, networks
-    # An algorithm registered elsewhere: assume a policy and a value torso, and a target of both.
-    return policy + value, policy + value
-
-
 def _network_need(cfg: Config, obs_dim: int, action_dim: int) -> Need:
-    trained, target = _network_params(cfg, obs_dim, action_dim)
+    trained, target = cfg.train.network_params(cfg.net.hidden, obs_dim, action_dim)  # the algorithm's own count
     hidden = list(cfg.net.hidden)
     critics = (("train.n_critics", cfg.train.n_critics),) if hasattr(cfg.train, "n_critics") else ()
     return Need("the networks' parameters, gradients and Adam state", (("net.hidden", hidden), *critics),

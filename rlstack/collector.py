@@ -24,6 +24,7 @@ import numpy as np
 
 from rlstack.acting import Acting
 from rlstack.envs import state as env_state
+from rlstack.registry import ChunkSource
 
 ENVS_FILE = "envs.pkl"
 """The collector's checkpoint extra: the envs' state and the episodes in progress."""
@@ -273,7 +274,7 @@ class RunningMeanStd:
         self.count = float(state["count"])
 
 
-class LocalSource:
+class LocalSource(ChunkSource):
     """Chunks collected in the learner's own process (`actors: 0`), one `get()` at a time.
 
     `explore(t)` is the collector's per-step hook (see `Collector.collect`). `remaining()` (vector steps left, optional) cuts the last chunk

@@ -13,9 +13,10 @@ import difflib
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -160,6 +161,22 @@ class TrainConfig:
     (with `selfplay.eval_search`, the searching agent's results first, then the policy's own).
     The checkpoint keeps the last network, so `--resume` continues the run itself."""
 
+    data_parallel: ClassVar[bool] = False
+    """Whether the algorithm's learner runs data-parallel (`learner.workers` > 1)."""
+
+    def network_params(self, hidden: Sequence[int], obs_dim: int, action_dim: int) -> tuple[int, int]:
+        """(trained, target) parameter counts of the networks the algorithm builds, for the memory
+        check before a run (`rlstack/budget.py`). By default a policy and a value MLP, and a target
+        copy of both."""
+        both = mlp_params(obs_dim, hidden, action_dim) + mlp_params(obs_dim, hidden, 1)
+        return both, both
+
+
+def mlp_params(in_dim: int, hidden: Sequence[int], out_dim: int) -> int:
+    """Weights and biases of an MLP `in_dim -> hidden -> out_dim` (`rlstack.layers.mlp`)."""
+    sizes = [in_dim, *hidden, out_dim]
+    return sum((fan_in + 1) * fan_out for fan_in, fan_out in zip(sizes, sizes[1:], strict=False))
+
 
 @dataclass
 class OffPolicyConfig(TrainConfig):
@@ -271,9 +288,6 @@ class LearnerConfig:
     master_port: int = 0
     """TCP port of MindSpore's cluster scheduler on 127.0.0.1 (0: a free port is picked)."""
 
-
-DATA_PARALLEL_ALGOS = ("ppo",)
-"""Algorithms whose update all-reduces its gradients (`learner.workers` >= 2)."""
 
 
 @dataclass
@@ -452,9 +466,10 @@ def _check_learner(cfg: Config) -> None:
         raise ConfigError(f"'learner.master_port' must be 0 (pick a free port) or in 1024..65535, got {port}")
     if workers == 1:
         return
-    if cfg.algo not in DATA_PARALLEL_ALGOS:
-        raise ConfigError(f"learner.workers={workers} is supported for algo: {', '.join(DATA_PARALLEL_ALGOS)} "
-                          f"only, not '{cfg.algo}' (use learner.workers=1)")
+    if not type(cfg.train).data_parallel:
+        able = [name for name in registry.names() if registry.get(name).config_cls.data_parallel]
+        raise ConfigError(f"learner.workers={workers} is supported for algo: {', '.join(able)} only, not "
+                          f"'{cfg.algo}' (use learner.workers=1)")
     if cfg.actors:
         raise ConfigError(f"learner.workers={workers} collects in each learner process: it cannot be combined "
                           f"with actors={cfg.actors} (use actors=0, or learner.workers=1)")

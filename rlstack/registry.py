@@ -1,11 +1,13 @@
-"""The algorithm registry: the trainer and CLI find an algorithm by its config name (`algo: ppo`),
-and `Algorithm` names everything the trainer may ask of one."""
+"""The algorithm registry: the trainer and CLI find an algorithm by its config name (`algo: ppo`);
+`Algorithm` is the base every algorithm extends (everything the trainer may ask of one, with
+defaults), `ChunkSource` the base of where chunks come from."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from enum import StrEnum
+from typing import Any, ClassVar, NamedTuple
 
 
 class Progress(NamedTuple):
@@ -17,44 +19,86 @@ class Progress(NamedTuple):
     """1.0 at the start of training, 0.0 at the end: the argument of learning-rate schedules."""
 
 
-class Algorithm(Protocol):
-    """What the trainer uses of an algorithm; nothing else (`algorithms/ppo.py` is an example).
+class DataPath(StrEnum):
+    """How an algorithm's data reaches `learn`."""
 
-    The trainer collects chunks of `chunk_steps` vector steps with the acting graph of `network`
-    and hands them over: on-policy algorithms get each chunk itself (a `rlstack.collector.
-    Trajectory`: they compute their advantages from it), off-policy ones the replay buffer the
-    trainer adds every chunk to (`rlstack.replay.ReplayBuffer`)."""
+    ROLLOUT = "rollout"
+    """Each chunk the collector (or an actor) gathered, whole: on-policy algorithms (PPO)."""
+    REPLAY = "replay"
+    """The replay buffer the trainer adds every chunk to (`rlstack.replay.ReplayBuffer`):
+    off-policy algorithms (DQN, SAC)."""
+    OWN = "own"
+    """Chunks the algorithm makes itself (`make_source`), e.g. a search learner's self-play games."""
 
+
+class ChunkSource:
+    """Where the learner's chunks come from: the collector in this process, an actor backend, or
+    an algorithm's own source. `get` and `publish` are the contract; `stats` and `pop_messages`
+    default to nothing."""
+
+    def get(self) -> Any:
+        """The next chunk (`rlstack.collector.Trajectory`)."""
+        raise NotImplementedError
+
+    def publish(self) -> None:
+        """Hand the learner's current weights to whoever acts (after every update)."""
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, float]:
+        """`actors/...` scalars the trainer logs."""
+        return {}
+
+    def pop_messages(self) -> list[str]:
+        """Lines for the run log since the last call (e.g. an actor restarted)."""
+        return []
+
+
+class Algorithm:
+    """What the trainer uses of an algorithm, with the defaults. A subclass sets `network` (the
+    one network module, `rlstack.network.Network`, whose acting graph is exported) and
+    `chunk_steps` in `__init__`, implements `learn` and `state_cell`, and overrides the rest
+    where it needs to (`algorithms/ppo.py` is an example)."""
+
+    data_path: ClassVar[DataPath] = DataPath.ROLLOUT
     network: Any
-    """The one network module (`rlstack.network.Network`); its acting graph is exported."""
-    on_policy: bool
     chunk_steps: int
-    """Vector steps per chunk: the rollout length (on-policy) or `train_freq` (off-policy)."""
+    """Vector steps per chunk: the rollout length (rollout) or `train_freq` (replay)."""
 
     def learn(self, data: Any, progress: Progress, rng: Any) -> dict[str, float]:
-        """One update from a chunk (on-policy) or the replay buffer (off-policy); returns
-        TensorBoard scalars (`train/...`, `rollout/...`, `parity/...`)."""
+        """One update from a chunk (`DataPath.ROLLOUT`, `OWN`) or the replay buffer (`REPLAY`);
+        returns TensorBoard scalars (`train/...`, `rollout/...`, `parity/...`)."""
+        raise NotImplementedError
 
     def state_cell(self) -> Any:
         """The Cell whose parameters a checkpoint must hold (network, target copies, optimizers)."""
+        raise NotImplementedError
+
+    def target_networks(self) -> tuple:
+        """Copies of `network` that read the same observation statistics (a DQN or SAC target)."""
+        return ()
 
     def set_obs_stats(self, mean: Any, var: Any) -> None:
         """Copy observation statistics into every network copy's in-graph normaliser."""
+        for network in (self.network, *self.target_networks()):
+            network.set_obs_stats(mean, var)
 
     def explore(self, progress_remaining: float) -> None:
         """The exploration schedule, called before each acting step (DQN: epsilon, an input of
-        its acting graph); algorithms whose policy noise explores do nothing."""
+        its acting graph); by default the policy's own noise explores and there is nothing to do."""
 
     def acting_key(self) -> tuple:
         """What the acting graph depends on that may change between updates (DQN: `(epsilon,)`);
-        the in-process actor refreshes those inputs when it changes. `()` if nothing."""
+        the in-process actor refreshes those inputs when it changes."""
+        return ()
 
+    def make_source(self, acting: Any, counters: Any, rng: Any) -> ChunkSource:
+        """`DataPath.OWN`: the algorithm's chunks, made with the in-process acting graph `acting`."""
+        raise NotImplementedError(f"{type(self).__name__} has data path '{self.data_path}': the trainer "
+                                  "collects its chunks")
 
-# Optional on an algorithm:
-# - `make_source(acting, counters, rng)` -> an object with `get() -> Trajectory` and `publish()`:
-#   the algorithm makes its own chunks instead of the env collector, with the in-process acting
-#   graph (a search learner's self-play games: `algorithms/alphazero.py`);
-# - `summary() -> dict`: entries the trainer adds to `summary.json`.
+    def summary(self) -> dict[str, Any]:
+        """Entries the trainer adds to `summary.json`."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -62,14 +106,17 @@ class AlgorithmEntry:
     name: str
     config_cls: type
     """The algorithm's `train` dataclass (extends `rlstack.config.TrainConfig`)."""
-    build: Callable[..., Any]
+    build: Callable[..., Algorithm]
     """`build(cfg, obs_space, action_space) -> Algorithm`."""
 
 
 _ALGORITHMS: dict[str, AlgorithmEntry] = {}
 
 
-def register(name: str, config_cls: type, build: Callable[..., Any]) -> None:
+def register(name: str, config_cls: type, build: Callable[..., Algorithm]) -> None:
+    """Make algorithm `name` (`algo: name` in a config) buildable. What it can do is declared by
+    its classes: the data path by the `Algorithm` subclass, data-parallel learners and the memory
+    its networks need by the `train` dataclass (`rlstack.config.TrainConfig`)."""
     if name in _ALGORITHMS and _ALGORITHMS[name].build is not build:
         raise ValueError(f"algorithm '{name}' is registered twice")
     _ALGORITHMS[name] = AlgorithmEntry(name, config_cls, build)

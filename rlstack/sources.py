@@ -16,17 +16,22 @@ from rlstack.collector import ActorSpec, ArraySpec, Collector, LocalSource, traj
 from rlstack.config import Config
 
 
+def _replays(algo: registry.Algorithm) -> bool:
+    """Whether `algo` learns from a replay buffer: its chunks then carry each step's next observation."""
+    return algo.data_path is registry.DataPath.REPLAY
+
+
 def chunk_specs(algo: registry.Algorithm, n_envs: int, obs_space: gym.Space,
                 action_space: gym.Space) -> tuple[ArraySpec, ...]:
     box = isinstance(action_space, gym.spaces.Box)
     return trajectory_specs(algo.chunk_steps, n_envs, tuple(obs_space.shape), tuple(action_space.shape),
-                            "float32" if box else "int32", not algo.on_policy)
+                            "float32" if box else "int32", _replays(algo))
 
 
 def exploration(algo: registry.Algorithm, counters: Any, cfg: Config) -> Callable[[int], bool]:
     """The in-process collector's per-step hook: uniform actions before `learning_starts`, then
     the algorithm's exploration schedule (off-policy; on-policy noise explores by itself)."""
-    if algo.on_policy:
+    if not _replays(algo):
         return lambda t: False
     n_envs, starts, total = cfg.env.n_envs, cfg.train.learning_starts, cfg.train.total_steps
 
@@ -43,7 +48,7 @@ def exploration(algo: registry.Algorithm, counters: Any, cfg: Config) -> Callabl
 def local_source(cfg: Config, algo: registry.Algorithm, envs: gym.vector.VectorEnv, acting: Acting,
                  counters: Any, rng: Any) -> LocalSource:
     """`actors: 0`: the collector in this process (sharing the learner's random generator)."""
-    collector = Collector(envs, acting, cfg.seed + 1_000 * counters.updates, off_policy=not algo.on_policy, rng=rng)
+    collector = Collector(envs, acting, cfg.seed + 1_000 * counters.updates, off_policy=_replays(algo), rng=rng)
     specs = chunk_specs(algo, cfg.env.n_envs, envs.single_observation_space, envs.single_action_space)
     total, n_envs = cfg.train.total_steps, cfg.env.n_envs
 
@@ -51,7 +56,7 @@ def local_source(cfg: Config, algo: registry.Algorithm, envs: gym.vector.VectorE
         return -(-(total - counters.steps) // n_envs)
 
     # Off-policy runs stop at total_steps; a rollout of an on-policy algorithm is run whole.
-    return LocalSource(collector, specs, exploration(algo, counters, cfg), None if algo.on_policy else remaining)
+    return LocalSource(collector, specs, exploration(algo, counters, cfg), remaining if _replays(algo) else None)
 
 
 def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_dir: Path, counters: Any,
@@ -74,7 +79,7 @@ def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_
                      vectorization=cfg.env.vectorization,
                      env_kwargs=dict(cfg.env.kwargs), env_imports=tuple(cfg.env.imports),
                      env_wrappers=tuple(cfg.env.wrappers), device=cfg.device, fusion=cfg.fusion,
-                     off_policy=not algo.on_policy, selfplay=selfplay)
+                     off_policy=_replays(algo), selfplay=selfplay)
     # Backend options are the config section named after the backend (`ray:`), if it has one.
     section = getattr(cfg, cfg.actors_backend, None)
     options = dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
@@ -83,7 +88,7 @@ def start_actors(cfg: Config, algo: registry.Algorithm, bootstrap: Path, policy_
                                                         **options)
 
     def publish() -> None:
-        explore = not algo.on_policy and counters.steps < cfg.train.learning_starts
+        explore = _replays(algo) and counters.steps < cfg.train.learning_starts
         actors.publish(weights_of(algo.network, layout), counters.updates, explore,
                        opponents=pool.names if selfplay is not None else None)
 

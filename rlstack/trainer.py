@@ -31,7 +31,7 @@ from rlstack.logger import RunLogger, TimeSplit
 from rlstack.network import Network
 from rlstack.parity import RecentObs
 from rlstack.publish import Publisher
-from rlstack.registry import Progress
+from rlstack.registry import ChunkSource, DataPath, Progress
 from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, ReplayBuffer
 from rlstack.runtime import configure
 from rlstack.selfplay_eval import POOL_STATE_FILE, SelfPlayHook, attach_selfplay
@@ -214,7 +214,7 @@ class Trainer:
                              f"{best.steps:,} steps)")
         summary = self._summarize(self.export(), best is not None, elapsed, start_steps)
         summary.update(self.actor_stats)
-        summary.update(getattr(self.algo, "summary", dict)())  # an algorithm's own entries (optional)
+        summary.update(self.algo.summary())  # an algorithm's own entries
         if selfplay is not None:
             summary.update(selfplay.finish(self.counters, again=best is not None))
         self.log.close()
@@ -232,7 +232,7 @@ class Trainer:
             if self.ckpt.resumed_from is not None:
                 self.log.message("resumed with actors: their environments start from a fresh reset and chunks "
                                  "arrive in the order the actors finish them (the run is not bit-exact)")
-        elif hasattr(self.algo, "make_source"):  # a search learner plays its own games (rlstack/search.py)
+        elif self.algo.data_path is DataPath.OWN:  # e.g. a search learner's self-play games (rlstack/search.py)
             source = self.algo.make_source(self._in_process(acting), self.counters, self.rng)
             publish = source.publish
             if self.ckpt.resumed_from is not None:
@@ -247,7 +247,7 @@ class Trainer:
                 why = source.collector.unsaved or "the checkpoint holds no environment state"
                 self.log.message(f"resumed from {resumed}: {why}; the environments restart from a fresh reset "
                                  "(the run is not bit-exact)")
-        learn = self._learn_on_policy if self.algo.on_policy else self._learn_off_policy
+        learn = self._learn_off_policy if self.algo.data_path is DataPath.REPLAY else self._learn_on_policy
         with source if self.cfg.actors else contextlib.nullcontext():
             learn(source, publish, total)
 
@@ -283,16 +283,16 @@ class Trainer:
             self.update_hooks.append(hook)
         return hook
 
-    def _receive(self, source: Any) -> Trajectory:
+    def _receive(self, source: ChunkSource) -> Trajectory:
         """The next chunk; episode counters, observation statistics and recent obs updated."""
         start = time.perf_counter()
         traj = source.get()
         waited = time.perf_counter() - start
-        for line in getattr(source, "pop_messages", list)():
+        for line in source.pop_messages():
             self.log.message(line)
         if traj.pool_record is not None and self.selfplay is not None:  # games played in an actor
             self.selfplay.pool.add_record(traj.pool_record)
-        self.actor_stats = getattr(source, "stats", dict)()
+        self.actor_stats = source.stats()
         if traj.actor < 0:  # collected here: the collector's own split
             self.split.env += traj.env_seconds
             self.split.act += waited - traj.env_seconds
@@ -329,7 +329,7 @@ class Trainer:
                 minutes and time.perf_counter() - self._last_checkpoint >= 60 * minutes):
             self.save_checkpoint()
 
-    def _learn_on_policy(self, source: Any, publish: Callable[[], None], total: int) -> None:
+    def _learn_on_policy(self, source: ChunkSource, publish: Callable[[], None], total: int) -> None:
         algo, c = self.algo, self.counters
         while c.steps < total and self.stop.received is None:
             traj = self._receive(source)
@@ -343,7 +343,7 @@ class Trainer:
             metrics.update(traj.staleness(self.counters.updates), **self.actor_stats)
             self._learned(metrics, publish)
 
-    def _learn_off_policy(self, source: Any, publish: Callable[[], None], total: int) -> None:
+    def _learn_off_policy(self, source: ChunkSource, publish: Callable[[], None], total: int) -> None:
         """Every chunk (`train_freq` vector steps) into the replay buffer, then one `learn`
         (`gradient_steps` gradient steps) once `learning_starts` steps are in. A resumed run
         without its replay buffer refills it before learning again."""

@@ -31,6 +31,7 @@ from rlstack.acting import Layout, PolicyWatcher, load_policy
 from rlstack.artifact import ArtifactError
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory
 from rlstack.envs.selfplay import follower_pool, load_player
+from rlstack.registry import ChunkSource
 from rlstack.serving.shm import SharedArrays, WeightBoard
 
 
@@ -146,7 +147,7 @@ def _actor_main(index: int, spec: ActorSpec, layout: Layout, board_name: str, lo
         ready.put(_Failed(index, traceback.format_exc()))
 
 
-class ActorPool:
+class ActorPool(ChunkSource):
     """N actor processes streaming `Trajectory` chunks to the learner through shared memory.
 
     Each actor owns `slots` chunk buffers; it fills a free one and posts a notice, the learner

@@ -43,6 +43,7 @@ import numpy as np
 from rlstack.acting import FlatWeights
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory, allocate
 from rlstack.envs.selfplay import follower_pool, load_player
+from rlstack.registry import ChunkSource
 from rlstack.serving import ray_cluster
 from rlstack.serving.actor import actor_spec
 
@@ -156,7 +157,7 @@ class _Collector:
         return load_player(version, self.envs.game, self.pool.settings.sample)
 
 
-class RayActorPool:
+class RayActorPool(ChunkSource):
     """N Ray actors streaming `Trajectory` chunks to the learner (the process backend's interface:
     `publish`, `start`, `get`, `close`, a context manager), plus `stats()` (`actors/restarts`)
     and `pop_messages()` (what the learner should log, e.g. an actor's death)."""
