@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
+from rlstack.errors import RlstackError
 from rlstack.spaces import MASK_KEY, OBS_KEY, MaskedBox
 
 
-class IllegalMoveError(ValueError):
+class IllegalMoveError(RlstackError, ValueError):
     """A move that the rules do not allow (occupied cell, full column, finished game, out of range)."""
 
 

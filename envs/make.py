@@ -27,9 +27,10 @@ import gymnasium as gym
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rlstack.envs.vectorized import SAME_STEP_ADAPTERS, native_entry_point, rejected_kwargs
+from rlstack.errors import RlstackError
 
 
-class EnvError(ValueError):
+class EnvError(RlstackError, ValueError):
     """The environment cannot be made (unknown id, missing extra, bad kwargs)."""
 
 

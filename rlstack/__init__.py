@@ -8,12 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "load_policy"]
+__all__ = ["Policy", "RlstackError", "__version__", "load_policy"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "load_policy":
-        from rlstack.acting import load_policy
+    if name in ("load_policy", "Policy"):  # (the acting module loads MindSpore)
+        from rlstack import acting
 
-        return load_policy
+        return getattr(acting, name)
+    if name == "RlstackError":
+        from rlstack.errors import RlstackError
+
+        return RlstackError
     raise AttributeError(f"module 'rlstack' has no attribute {name!r}")

@@ -303,7 +303,7 @@ class FlatWeights:
 
 
 def load_policy(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
-                device: str | None = None, fusion: bool | None = None) -> Acting:
+                device: str | None = None, fusion: bool | None = None) -> Policy:
     """Load and verify a policy from a run dir, a `policy/` dir or a version dir (see
     `rlstack.artifact.load_graph`: manifest, sha256 and observation shape are checked before
     anything is built) and return it ready to act."""

@@ -27,6 +27,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
+from rlstack.errors import RlstackError
 from rlstack.fsutil import atomic_directory, atomic_write_text, sha256_file
 from rlstack.network import BLOCK_ROWS, Network
 from rlstack.spaces import MaskedBox, flat_masked_space
@@ -37,7 +38,7 @@ FORMAT_VERSION = 1
 _VERSION_RE = re.compile(r"^v(\d{6})$")
 
 
-class ArtifactError(RuntimeError):
+class ArtifactError(RlstackError, RuntimeError):
     """A policy artifact is missing, corrupt, or does not match what the caller expects."""
 
 

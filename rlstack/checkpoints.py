@@ -20,6 +20,7 @@ from typing import Any
 
 import mindspore as ms
 
+from rlstack.errors import RlstackError
 from rlstack.fsutil import atomic_directory, atomic_write_text, sha256_file
 
 CHECKPOINT_FILE = "state.ckpt"
@@ -51,11 +52,11 @@ class Counters:
         self.recent_lengths.extend(state["recent_lengths"])
 
 
-class ResumeError(RuntimeError):
+class ResumeError(RlstackError, RuntimeError):
     """A run directory cannot be resumed (no checkpoint, or the checkpoint does not fit)."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RlstackError, RuntimeError):
     """A checkpoint could not be written (the previous one is left as it was)."""
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from rlstack.acting import Acting
 from rlstack.envs import state as env_state
+from rlstack.errors import RlstackError
 from rlstack.registry import ChunkSource
 
 ENVS_FILE = "envs.pkl"
@@ -210,7 +211,7 @@ class Collector:
         return returns, lengths, env_s, act_s
 
 
-class ActorError(RuntimeError):
+class ActorError(RlstackError, RuntimeError):
     """An actor failed, stopped answering, or could not be started (its backend says why; a
     failure inside an actor carries its traceback)."""
 

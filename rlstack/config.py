@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlstack import registry
+from rlstack.errors import RlstackError
 from rlstack.schedules import parse_schedule
 
 DEFAULT_CONFIG = "ppo_cartpole"
@@ -65,7 +66,7 @@ def _yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
-class ConfigError(ValueError):
+class ConfigError(RlstackError, ValueError):
     """A config file or override is wrong; the message says which key and what is valid."""
 
 

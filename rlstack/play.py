@@ -17,6 +17,7 @@ import numpy as np
 
 from rlstack.envs.games import ENV_IDS, GAMES, TwoPlayerGame, game_spec
 from rlstack.envs.selfplay import Player, PolicyPlayer
+from rlstack.errors import RlstackError
 
 SYMBOLS = ("X", "O")
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = game_spec(name)
         configure("cpu", "auto")
         policy = load_policy(args.run, obs_shape=spec.flat_space().shape)
-    except ArtifactError as err:
+    except RlstackError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.search:

@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from rlstack.errors import RlstackError
+
 TRAIN_TAG = "rollout/ep_return_mean"
 EVAL_TAG = "eval/mean_return"
 
 
-class PlotError(ValueError):
+class PlotError(RlstackError, ValueError):
     """A run directory cannot be plotted (no event files, unreadable config)."""
 
 

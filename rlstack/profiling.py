@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rlstack.errors import RlstackError
 from rlstack.fsutil import atomic_write_text
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "top_ops.txt"
 
 
-class ProfileError(RuntimeError):
+class ProfileError(RlstackError, RuntimeError):
     """The profiler cannot be used as asked (bad window, output directory unusable)."""
 
 

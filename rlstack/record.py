@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+from rlstack.errors import RlstackError
+
 FORMATS = (".gif", ".mp4")
 
 
-class RecordError(RuntimeError):
+class RecordError(RlstackError, RuntimeError):
     """The agent cannot be recorded (no policy, env cannot render, unsupported output)."""
 
 
@@ -131,13 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=None, help="cut each episode after this many steps")
     parser.add_argument("--frame-skip", type=int, default=1, help="keep every N-th frame (smaller files)")
     args = parser.parse_args(argv)
-    from rlstack.artifact import ArtifactError
-    from rlstack.envs import EnvError
 
     try:
         rec = record(args.run, args.out, args.episodes, args.seed, not args.stochastic, args.fps, args.max_steps,
                      args.frame_skip)
-    except (RecordError, ArtifactError, EnvError) as err:
+    except RlstackError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {rec.path}: {rec.frames} frames, {len(rec.returns)} episode(s), returns "

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import mindspore as ms
 import numpy as np
 
+from rlstack.errors import RlstackError
+
 _DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 
 
-class DeviceError(RuntimeError):
+class DeviceError(RlstackError, RuntimeError):
     """The configured device or fusion setting cannot be used on this machine."""
 
 

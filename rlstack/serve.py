@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from rlstack.errors import RlstackError
 from rlstack.serving.settings import TOKEN_ENV, ServeSettings
 
 if TYPE_CHECKING:
@@ -124,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     # Imported late: `--help` and usage errors should not pay for MindSpore and uvicorn.
-    from rlstack.artifact import ArtifactError, check_manifest, read_manifest, resolve_version_dir
+    from rlstack.artifact import check_manifest, read_manifest, resolve_version_dir
 
     try:  # fail fast, before the server starts, on a path that holds no policy
         version_dir = resolve_version_dir(settings.policy)
         check_manifest(read_manifest(version_dir), version_dir)
-    except ArtifactError as err:
+    except RlstackError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

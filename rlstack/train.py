@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlstack.config import DEFAULT_CONFIG, ConfigError, describe, load_config
-from rlstack.envs import EnvError
+from rlstack.errors import RlstackError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     # Imported late: `--help` and `--help-keys` do not pay for loading MindSpore.
-    from rlstack.artifact import ArtifactError
-    from rlstack.checkpoints import CheckpointError
-    from rlstack.collector import ActorError
-    from rlstack.runtime import DeviceError
-    from rlstack.trainer import ResumeError, Trainer, default_out_dir
+    from rlstack.trainer import Trainer, default_out_dir
 
     try:
         if args.resume:
@@ -100,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             distributed.finish(trainer, Path(args.out))
         if "stopped_by" in summary:  # SIGINT / SIGTERM: saved, then the conventional 128 + signal
             return 128 + int(signal.Signals[summary["stopped_by"]])
-    except (ConfigError, EnvError, DeviceError, ResumeError, CheckpointError, ArtifactError, ActorError) as err:
+    except RlstackError as err:  # a refusal that says what to do: no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -32,6 +32,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from rlstack.errors import RlstackError
+
 SINGLE_THREAD_MAX_KERNELS = 100
 """`kSingleThreadExecutionActorMaxNum` of MindSpore's runtime (`actor_common.h`)."""
 MARK = "rlstack-graphs-compile "
@@ -51,7 +53,7 @@ ROLES: tuple[tuple[str, str | None], ...] = (
     ("rlstack.envs.", "opponent"), ("rlstack.serving.", "act"), ("Acting", "act"))
 
 
-class CensusError(RuntimeError):
+class CensusError(RlstackError, RuntimeError):
     """The config's short training run failed (e.g. its env cannot be made here)."""
 
     def __init__(self, message: str, log: str = ""):
