@@ -8,7 +8,7 @@ expected shape, never a 5xx.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
@@ -24,8 +24,7 @@ from pydantic import (
     field_validator,
 )
 
-if TYPE_CHECKING:
-    from rlstack.serving.app import ServerState
+from rlstack.serving.state import ServerState
 
 router = APIRouter()
 
