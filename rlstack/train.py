@@ -71,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
             trainer = Trainer.resume(args.resume, args.overrides)
         else:
             cfg = load_config(args.config, args.overrides)
-            if cfg.learner.workers > 1:  # data-parallel learners (rlstack/distributed.py)
-                from rlstack import distributed
+            if cfg.learner.workers > 1:  # data-parallel learners (rlstack/launch.py)
+                from rlstack import distributed, launch
 
                 if distributed.role() is None:  # start the workers, each of them this command
                     out = Path(args.out) if args.out else default_out_dir(cfg)
-                    return distributed.launch(sys.argv[1:] if argv is None else argv, cfg, out)
-                trainer = distributed.worker_trainer(cfg, args.out)
+                    return launch.launch(sys.argv[1:] if argv is None else argv, cfg, out)
+                trainer = launch.worker_trainer(cfg, args.out)
             else:
                 trainer = Trainer(cfg, args.out)
         print(f"run directory: {trainer.out}", flush=True)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             if window is not None:
                 window.close()
         if trainer.world is not None:
-            distributed.finish(trainer, Path(args.out))
+            launch.finish(trainer, Path(args.out))
         if "stopped_by" in summary:  # SIGINT / SIGTERM: saved, then the conventional 128 + signal
             return 128 + int(signal.Signals[summary["stopped_by"]])
     except RlstackError as err:  # a refusal that says what to do: no traceback
