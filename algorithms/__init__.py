@@ -1,3 +1,3 @@
-"""The algorithms (PPO, DQN, SAC, AlphaZero), each one file, each registered by name for the trainer."""
-
-from rlstack.algorithms import alphazero, dqn, ppo, sac  # noqa: F401  (register "alphazero", "dqn", "ppo", "sac")
+"""The algorithms (PPO, DQN, SAC, AlphaZero), each one file that registers itself by name on import;
+the trainer finds each through the `rlstack.algorithms` entry points (`pyproject.toml`), so this
+package imports none of them (nor MindSpore) by itself."""

@@ -122,61 +122,47 @@ def register(name: str, config_cls: type, build: Callable[..., Algorithm]) -> No
     _ALGORITHMS[name] = AlgorithmEntry(name, config_cls, build)
 
 
-def _load_builtin() -> None:
-    # The built-in algorithms register themselves on import; importing here keeps
-    # `rlstack` free of import-time side effects until an algorithm is asked for.
-    import rlstack.algorithms  # noqa: F401
+ALGORITHMS = "rlstack.algorithms"
+"""The entry-point group of algorithms (`pyproject.toml`): name -> the module that registers it on
+import. The built-in ones are there, and another package's algorithm plugs in the same way."""
+
+
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ALGORITHMS)}
+
+
+def module_of(name: str) -> str | None:
+    """The module that registers algorithm `name` (from its entry point; nothing is imported)."""
+    ep = _entry_points().get(name)
+    return ep.module if ep is not None else None
+
+
+def registered(name: str) -> AlgorithmEntry | None:
+    """Algorithm `name` if its module was imported already (nothing is imported here)."""
+    return _ALGORITHMS.get(name)
+
+
+def _load(name: str | None = None) -> None:
+    """Import the module of algorithm `name` (every algorithm's, for None): it registers itself.
+    Until an algorithm is asked for, `rlstack` imports none (nor MindSpore)."""
+    for ep_name, ep in _entry_points().items():
+        if name is None or ep_name == name:
+            ep.load()
 
 
 def get(name: str) -> AlgorithmEntry:
-    _load_builtin()
+    if name not in _ALGORITHMS:
+        _load(name)
     if name not in _ALGORITHMS:
         raise KeyError(f"unknown algorithm '{name}'; registered: {', '.join(sorted(_ALGORITHMS))}")
     return _ALGORITHMS[name]
 
 
-SOURCE_ATTR = "__rlstack_source__"
-"""Where `help_config` keeps the source of a class it rebuilt (for its field docstrings)."""
-
-
-def help_config(name: str) -> type:
-    """The `train` dataclass of algorithm `name`, for help texts: the registered class, or for a
-    built-in algorithm not imported yet, the class rebuilt from its file's source (only the
-    dataclass definition runs), so `--help-keys` does not load MindSpore."""
-    if name in _ALGORITHMS:
-        return _ALGORITHMS[name].config_cls
-    import __future__
-
-    import ast
-    import importlib.util
-    from dataclasses import dataclass, field
-    from pathlib import Path
-
-    from rlstack import config
-
-    spec = importlib.util.find_spec("rlstack.algorithms")  # finds the folder without importing it
-    for path in sorted(Path(spec.origin).parent.glob("*.py")) if spec and spec.origin else []:
-        text = path.read_text()
-        tree = ast.parse(text)
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "register" and len(node.args) >= 2
-                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == name
-                    and isinstance(node.args[1], ast.Name)):
-                cls_name = node.args[1].id
-                cls_node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
-                namespace = {**vars(config), "dataclass": dataclass, "field": field, "__name__": config.__name__}
-                code = compile(ast.Module([cls_node], []), str(path), "exec",
-                               flags=__future__.annotations.compiler_flag, dont_inherit=True)
-                exec(code, namespace)
-                cls = namespace[cls_name]
-                setattr(cls, SOURCE_ATTR, ast.get_source_segment(text, cls_node))
-                return cls
-    return get(name).config_cls  # not a built-in: load it (or raise the usual KeyError)
-
-
 def names() -> list[str]:
-    _load_builtin()
-    return sorted(_ALGORITHMS)
+    """Every algorithm that can be built: the registered ones and those of the entry points."""
+    return sorted(set(_ALGORITHMS) | set(_entry_points()))
 
 
 ACTOR_BACKENDS = "rlstack.actor_backends"

@@ -57,7 +57,7 @@ def test_help_without_mindspore_and_options_in_any_order(tmp_path):
     code = ("import sys; from rlstack.config import describe\n"
             "texts = [describe(a) for a in ('ppo', 'dqn', 'sac')]\n"
             "assert 'mindspore' not in sys.modules, 'mindspore loaded'\n"
-            "import rlstack.algorithms\n"
+            "import rlstack.algorithms.ppo, rlstack.algorithms.dqn, rlstack.algorithms.sac\n"
             "assert texts == [describe(a) for a in ('ppo', 'dqn', 'sac')], 'texts differ'\n"
             "print(texts[1])")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
