@@ -1,9 +1,9 @@
 """The learner: consumes trajectory chunks -> learns -> exports -> logs -> checkpoints -> evaluates.
 
-Chunks come from the collector running in this process or from actor processes
-(`rlstack/sources.py`); the learner consumes both the same way. The algorithm supplies the
-network and the update (`rlstack.registry.Algorithm`); the trainer says when to export
-(`publish.py`), checkpoint (`checkpoints.py`), evaluate (`evaluation.py`) and stop (`stopping.py`).
+Chunks come from a source (`rlstack/sources.py`) and reach the algorithm (`rlstack.registry.
+Algorithm`: the network and the update) through the loop of its data path (`rlstack/loops.py`);
+the trainer says when to export (`publish.py`), checkpoint (`checkpoints.py`), evaluate
+(`evaluation.py`) and stop (`stopping.py`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from rlstack.envs import make_vector_env
 from rlstack.evaluation import BEST_FILE, BestEval, BestKeeper, PeriodicEval, evaluate, run_summary
 from rlstack.fsutil import atomic_write_text
 from rlstack.logger import RunLogger, TimeSplit
+from rlstack.loops import learn_from_chunks, learn_from_replay
 from rlstack.network import Network
 from rlstack.parity import RecentObs
 from rlstack.publish import Publisher
-from rlstack.registry import ChunkSource, DataPath, Progress
-from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, ReplayBuffer
+from rlstack.registry import ChunkSource, DataPath
 from rlstack.runtime import configure
 from rlstack.selfplay_eval import POOL_STATE_FILE, SelfPlayHook, attach_selfplay
 from rlstack.sources import local_source, start_actors
@@ -105,9 +105,8 @@ class Trainer:
         self._last_checkpoint = time.perf_counter()
         self.notes: list[str] = []
         """Said on the console when `train()` starts (what a resume did)."""
-        self._logged: dict[str, Any] = {"at": 0, "pending": []}
-        """Off-policy updates not yet logged (`pending`) and the step of the last log (`at`):
-        checkpointed, so a resumed run logs the same curve as one that was not stopped."""
+        self.logged: dict[str, Any] = {"at": 0, "pending": []}
+        """Replay updates not yet logged (`pending`), the step of the last log (`at`): checkpointed."""
 
     # ----- checkpoints -------------------------------------------------------------------------
 
@@ -115,12 +114,12 @@ class Trainer:
         """Network, optimizer, normaliser, counters, RNG, extras and resolved config, atomically."""
         self.counters.wall_seconds = self._wall_base + time.perf_counter() - self._wall_start  # true in each
         self._last_checkpoint = time.perf_counter()
-        return self.ckpt.save(next_eval=self.evals.next_eval, logged=self._logged)
+        return self.ckpt.save(next_eval=self.evals.next_eval, logged=self.logged)
 
     def load_checkpoint(self, path: Path) -> None:
         state = self.ckpt.load(path)
         self.evals.next_eval = state.get("next_eval", self.evals.next_eval)
-        self._logged = state.get("logged", self._logged)
+        self.logged = state.get("logged", self.logged)
 
     @classmethod
     def resume(cls, out_dir: str | Path, overrides: list[str] | None = None) -> Trainer:
@@ -134,10 +133,9 @@ class Trainer:
         trainer.load_checkpoint(path)
         trainer.notes += [f"resumed from {path}; a later checkpoint is set aside as {moved}"
                           for moved in checkpoints.rewind(path)]
-        if not trainer.runtime.denormals_flushed:
-            trainer.notes.append("denormal floats could not be flushed in this process as in MindSpore's "
-                                 "kernel threads: once the optimizer state holds denormals, the resumed run "
-                                 "may differ from an unstopped one in the last bits")
+        if not trainer.runtime.denormals_flushed:  # (docs/DESIGN.md#denormals)
+            trainer.notes.append("denormals could not be flushed as in MindSpore's kernel threads: once the "
+                                 "optimizer state holds some, this run may differ in the last bits")
         return trainer
 
     # ----- export -----------------------------------------------------------------------------
@@ -149,7 +147,7 @@ class Trainer:
     def export(self, trigger: str = "schedule") -> Path:
         """Export the acting graph as the next policy version (obs statistics included) and log
         its parity against the live module (`parity/…`, TensorBoard and the console)."""
-        self._push_obs_stats()
+        self.push_obs_stats()
         c = self.counters
         version = self.publisher.export(self.policy_dir, c.steps, c.updates, keep=self.cfg.train.keep_versions,
                                         trigger=trigger)
@@ -171,7 +169,7 @@ class Trainer:
         return acting
 
     def _acting_graph(self) -> Path:
-        self._push_obs_stats()
+        self.push_obs_stats()
         return self.publisher.private_graph(self.counters.updates)
 
     # ----- the loop ----------------------------------------------------------------------------
@@ -247,9 +245,9 @@ class Trainer:
                 why = source.collector.unsaved or "the checkpoint holds no environment state"
                 self.log.message(f"resumed from {resumed}: {why}; the environments restart from a fresh reset "
                                  "(the run is not bit-exact)")
-        learn = self._learn_off_policy if self.algo.data_path is DataPath.REPLAY else self._learn_on_policy
+        learn = learn_from_replay if self.algo.data_path is DataPath.REPLAY else learn_from_chunks
         with source if self.cfg.actors else contextlib.nullcontext():
-            learn(source, publish, total)
+            learn(self, source, publish, total)
 
     def _stopped(self, checkpoint: Path) -> dict[str, Any]:
         """A run stopped by a signal: export the network, say what was saved and how to go on."""
@@ -283,7 +281,7 @@ class Trainer:
             self.update_hooks.append(hook)
         return hook
 
-    def _receive(self, source: ChunkSource) -> Trajectory:
+    def receive(self, source: ChunkSource) -> Trajectory:
         """The next chunk; episode counters, observation statistics and recent obs updated."""
         start = time.perf_counter()
         traj = source.get()
@@ -309,18 +307,18 @@ class Trainer:
             self.obs_rms.update(obs)
         return traj
 
-    def _learned(self, metrics: dict[str, float] | None, publish: Callable[[], None]) -> None:
+    def learned(self, metrics: dict[str, float] | None, publish: Callable[[], None]) -> None:
         """After an update: publish weights, log, hooks, periodic evaluation, export, checkpoint."""
         cfg, c = self.cfg, self.counters
         c.updates += 1
         self.stop.arm()
         publish()
         if metrics is not None:
-            self._log_update(metrics)
+            self.log_update(metrics)
         for hook in self.update_hooks:
             hook(c)
         if self.evals.due(c.steps):
-            self._push_obs_stats()
+            self.push_obs_stats()
             self.evals.run(c.steps, self.log)
         if cfg.train.export_every and c.updates % cfg.train.export_every == 0:
             self.export()
@@ -329,65 +327,7 @@ class Trainer:
                 minutes and time.perf_counter() - self._last_checkpoint >= 60 * minutes):
             self.save_checkpoint()
 
-    def _learn_on_policy(self, source: ChunkSource, publish: Callable[[], None], total: int) -> None:
-        algo, c = self.algo, self.counters
-        while c.steps < total and self.stop.received is None:
-            traj = self._receive(source)
-            steps = traj.reward.size * (self.world.size if self.world else 1)  # every rank collected as many
-            c.steps += steps
-            self._push_obs_stats()
-            progress = Progress(c.steps, max(0.0, 1.0 - (c.steps - steps) / total))
-            start = time.perf_counter()
-            metrics = algo.learn(traj, progress, self.rng)
-            self.split.learn += time.perf_counter() - start
-            metrics.update(traj.staleness(self.counters.updates), **self.actor_stats)
-            self._learned(metrics, publish)
-
-    def _learn_off_policy(self, source: ChunkSource, publish: Callable[[], None], total: int) -> None:
-        """Every chunk (`train_freq` vector steps) into the replay buffer, then one `learn`
-        (`gradient_steps` gradient steps) once `learning_starts` steps are in. A resumed run
-        without its replay buffer refills it before learning again."""
-        algo, tc, c = self.algo, self.cfg.train, self.counters
-        replay = ReplayBuffer.for_spaces(tc.buffer_size, self.obs_space, self.action_space)
-        keep = tc.checkpoint_replay if tc.checkpoint_replay is not None else (
-            replay.nbytes <= CHECKPOINT_REPLAY_MAX_BYTES)
-        if keep:
-            self.ckpt.add_extra(REPLAY_FILE, replay)
-        self.log.message(f"replay buffer: {replay.capacity:,} transitions x {replay.bytes_per_transition} B = "
-                         f"{replay.nbytes / 2**20:,.1f} MiB, {'saved' if keep else 'not saved'} with checkpoints")
-        min_replay = min(tc.batch_size, max(tc.learning_starts, 1))
-        if self.obs_rms is not None:
-            algo.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
-        logged, stale = self._logged, {}
-        while c.steps < total and self.stop.received is None:
-            traj = self._receive(source)
-            stale = {**traj.staleness(self.counters.updates), **self.actor_stats}
-            for t in range(len(traj.version)):
-                replay.add(traj.obs[t], traj.action[t], traj.reward[t], traj.next_obs[t], traj.terminated[t],
-                           traj.truncated[t])
-            c.steps += traj.reward.size
-            remaining = max(0.0, 1.0 - c.steps / total)
-            whole = len(traj.version) == algo.chunk_steps  # the last in-process chunk may be cut short
-            if whole and c.steps > tc.learning_starts and len(replay) >= min_replay:
-                if self.obs_rms is not None:
-                    algo.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
-                algo.explore(remaining)  # the next chunk's exploration
-                start = time.perf_counter()
-                logged["pending"].append({**algo.learn(replay, Progress(c.steps, remaining), self.rng), **stale})
-                self.split.learn += time.perf_counter() - start
-                self._learned(None, publish)
-            else:
-                if c.steps >= tc.learning_starts:
-                    algo.explore(remaining)
-                publish()
-            if c.steps - logged["at"] >= tc.log_every_steps or c.steps >= total:
-                # Updates can be every step (SAC): TensorBoard gets their mean every log_every_steps.
-                pending = logged["pending"]
-                keys = {k for m in pending for k in m}
-                self._log_update({k: float(np.mean([m[k] for m in pending if k in m])) for k in keys} or stale)
-                logged["at"], logged["pending"] = c.steps, []
-
-    def _push_obs_stats(self) -> None:
+    def push_obs_stats(self) -> None:
         """Copy the running observation statistics into the network's in-graph normaliser."""
         if self.obs_rms is not None:
             self.network.set_obs_stats(self.obs_rms.mean, self.obs_rms.var)
@@ -402,7 +342,7 @@ class Trainer:
         wins a tie); True if they were kept."""
         return self.keeper.consider(mean_return, rank, self.counters.steps)
 
-    def _log_update(self, metrics: dict[str, float]) -> None:
+    def log_update(self, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
             if key.startswith("parity/") and value is not None:  # e.g. PPO's first-minibatch ratio
                 self.parity[key] = value
