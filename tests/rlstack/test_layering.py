@@ -37,9 +37,32 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
     return {n for n in names if n.startswith("rlstack")}
 
 
+def _imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules a file imports anywhere (module level, functions, TYPE_CHECKING):
+    `from a import b` names the module `a.b` where there is one, else `a`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names}
+    return {name for name in found if name in modules}
+
+
+def test_no_import_circle_at_any_level():
+    """Function-level and type-checking imports count too: a circle there is a seam in the wrong place."""
+    modules = _modules()
+    _no_circle({m: _imported_modules(p, modules) - {m} for m, p in modules.items()})
+
+
 def test_no_import_circle_at_module_level():
     modules = _modules()
-    graph = {m: {i for i in _imports(p, top_level_only=True) if i in modules and i != m} for m, p in modules.items()}
+    _no_circle({m: {i for i in _imports(p, top_level_only=True) if i in modules and i != m}
+                for m, p in modules.items()})
+
+
+def _no_circle(graph: dict[str, set[str]]) -> None:
     state: dict[str, int] = {}
 
     def visit(m: str, chain: list[str]) -> None:
