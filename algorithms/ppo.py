@@ -10,9 +10,8 @@ Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper w
   100-kernel single-thread limit: the policy loss's gradient, then the value loss's gradient
   with global-norm clipping and Adam over both. The sum's gradient splits exactly: the heads
   share only the encoder (`Network.encoder_params`), whose value gradient the second graph adds
-  to its policy gradient, as SB3's `CnnPolicy` trains its shared features extractor. One graph for the whole step had ~200 kernels; above 100 the
-  CPU runtime switches to multi-thread actor messaging and every kernel costs 4-9x more
-  (docs/DESIGN.md#the-100-kernel-line). Minibatch rows are gathered on the host, and the advantage
+  to its policy gradient, as SB3's `CnnPolicy` trains its shared features extractor. One graph
+  for the whole step would be over the line (docs/PERFORMANCE.md#the-100-kernel-line). Minibatch rows are gathered on the host, and the advantage
   terms of the clipped surrogate, which do not depend on the parameters, are computed there
   (`surrogate_inputs`).
 """

@@ -33,16 +33,14 @@ FLOAT = 4  # float32, the dtype of every parameter and stored observation
 
 ENV_BYTES = 1 * MiB
 """One environment of a sync vector env: a conservative constant, not a measurement of the env
-at hand. Measured: CartPole-v1 and Pendulum-v1 ~5 KiB each, the self-play games ~1 KiB; MuJoCo
-and Atari envs hold simulator state of hundreds of KiB to a few MiB."""
+at hand (docs/PERFORMANCE.md#memory)."""
 
 ASYNC_ENV_BYTES = 64 * MiB
 """One environment of `env.vector: async`: a Python process of its own."""
 
 PROCESS_BYTES = 1 * GiB
 """A process running the MindSpore runtime: the learner (set aside from the budget) and each
-actor (`actors`). Measured ~450 MiB after importing MindSpore and running one small graph;
-compiled graphs and allocator pools come on top."""
+actor (`actors`), with room for compiled graphs and allocator pools (docs/PERFORMANCE.md#memory)."""
 
 MARGIN = 0.9
 """Fraction of the available memory a run may plan to fill; the rest is for what is not

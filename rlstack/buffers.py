@@ -63,6 +63,6 @@ def rollout_batch(traj: Any, gamma: float, lam: float) -> RolloutBatch:
 def pack_columns(lead: tuple[int, ...], *columns: np.ndarray) -> np.ndarray:
     """Minibatch columns, each [*lead, ...], side by side as one float32 array [*lead, width]
     (each flattened after `lead`; integer actions are exact in float32). An update graph then
-    takes one input instead of one per column (each graph input costs the call ~15 us here) and
+    takes one input instead of one per column (each graph input costs the call: docs/PERFORMANCE.md#the-call) and
     slices the columns inside."""
     return np.concatenate([x.reshape(*lead, -1).astype(np.float32, copy=False) for x in columns], -1)

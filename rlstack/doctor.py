@@ -32,7 +32,8 @@ DEVICES = ("cpu", "gpu", "ascend")
 _TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 PROBE_MARK = "RLSTACK_PROBE "
 PROBE_TIMEOUT = 180.0
-"""Seconds a probe may take: a CPU fusion probe compiles kernels with AKG (~15 s on 2 busy cores)."""
+"""Seconds a probe may take: a CPU fusion probe compiles kernels with AKG
+(docs/PERFORMANCE.md#threads-and-fusion)."""
 CANN_VERSION_FILES = (
     "ascend-toolkit/latest/ascend_toolkit_install.info",
     "ascend-toolkit/latest/version.cfg",

@@ -17,19 +17,16 @@ acting wrappers pad a batch with zero rows on the host (`rlstack.acting.Acting.r
 manifest records `batch_rows`) and the learner's minibatches are multiples of it (checked in
 the config). Element-wise kernels (tanh, exp, log, softplus) round the last partial SIMD vector
 of a tensor differently from the full ones; a tensor of whole 16-row blocks never has one on
-AVX2 (8 floats) or AVX-512 (16 floats) kernels; 1-row calls were measured to differ."""
+AVX2 (8 floats) or AVX-512 (16 floats) kernels (docs/PERFORMANCE.md#strict-parity)."""
 
 
 class RowWiseMatMul(nn.Cell):
     """x [B, K] @ w.T for w [N, K], computed as (w @ x.T).T: the batch runs along the columns.
 
-    Measured on MindSpore 2.10's CPU MatMul: a [B, K] x [K, N] product splits its B rows into
-    tiles (and threads) whose boundaries depend on B, and a row in a tail tile is summed in
-    another order (~1e-7 apart); neither fixed 64-row blocks nor a batched product of 64-row
-    blocks was invariant for every block count. With the batch as the column dimension of
-    [N, K] x [K, B], every column was bitwise the same for every B that is a multiple of 16, at
-    the cost of the plain product; one [1, K] x [K, N] product per row (batched GEMV) was
-    invariant too but 2-3x slower at B >= 256.
+    MindSpore's CPU MatMul splits the B rows of [B, K] x [K, N] into tiles whose boundaries depend
+    on B, so a row's sums depend on the batch; with the batch as the column dimension of
+    [N, K] x [K, B] every column is the same for every B that is a multiple of 16, at the plain
+    product's cost (the alternatives tried: docs/PERFORMANCE.md#strict-parity).
     w @ x.T is one MatMul with `transpose_b` (bitwise the same invariance; a Transpose kernel of x
     per layer less), and the weight gradient dout.T @ x one with `transpose_a`. The backward pass is
     the ordinary matrix product (gradients need not be batch-invariant)."""

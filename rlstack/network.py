@@ -80,9 +80,8 @@ class NetSpec:
     """The encoder before the heads (`rlstack.encoders.ENCODERS`); `mlp`: the flat observation."""
     act_value: bool = True
     """`act` returns a value: V(s), max_a Q(s, a) or min_i Q_i(s, a). False: zeros. SAC acts
-    without it: its twin critics at [256, 256] cost more than the actor at every env step
-    (5 ms of a 5.3 ms acting call, measured) and no consumer of an off-policy rollout reads it.
-    The manifest's `value` says which it is."""
+    without it: its twin critics cost most of its acting call (docs/PERFORMANCE.md#sac-acting)
+    and no consumer of an off-policy rollout reads it. The manifest's `value` says which it is."""
 
     @classmethod
     def of(cls, net: Any, **heads: Any) -> NetSpec:
