@@ -252,9 +252,10 @@ def onednn_primitives(args: argparse.Namespace) -> dict[str, dict[str, int]]:
     that calls each program of that form twice."""
     found = {}
     for form in ("matmul", "native"):
-        code = (f"from rlstack.runtime import configure; configure(); from rlstack.bench.conv import build_programs; "
-                f"[fn() or fn() for fn in build_programs({form!r}, {args.train_batch}, {args.act_batch}).values()]")
-        env = {**os.environ, "ONEDNN_VERBOSE": "1"}
+        code = ("from rlstack.runtime import configure\nfrom rlstack.bench.conv import build_programs\nconfigure()\n"
+                f"for fn in build_programs({form!r}, {args.train_batch}, {args.act_batch}).values():\n"
+                "    fn()\n    fn()\n")
+        env = {**peer_env(), "ONEDNN_VERBOSE": "1"}
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
         counts: Counter[str] = Counter()
         for line in done.stdout.splitlines():
