@@ -1,9 +1,9 @@
 """Convolutions ("valid" padding) built from the kernels MindSpore 2.10's CPU runtime runs fast.
 
 Owns `Conv2dFast` (a convolution as matrix products: `nn.Conv2d`'s parameters, names and
-initialisation, another computation), `ConvStack` (convolutions with ReLU, then flattened in
-`nn.Conv2d`'s (C, H, W) order) and `conv_layer` (the fast layer on the CPU, MindSpore's `nn.Conv2d`
-on Ascend and GPU).
+initialisation, another computation), `conv_layer` (the fast layer on the CPU, MindSpore's
+`nn.Conv2d` on Ascend and GPU) and `ConvStack` (convolutions with ReLU, flattened in `nn.Conv2d`'s
+(C, H, W) order, optionally a dense layer: Nature CNN's features).
 
 - The CPU `Conv2D` runs oneDNN's reference kernel: docs/PERFORMANCE.md#convolutions.
 - Stride by space-to-depth (one `Reshape` + `Transpose`), then one `Slice` per kernel tap, not an
@@ -19,17 +19,18 @@ on Ascend and GPU).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import HeUniform, Uniform, initializer
 
 METHODS = ("auto", "split", "concat", "gather")
 """How `Conv2dFast` gathers the input windows: `split` (one product per kernel tap, summed), `concat`
-(the taps side by side, one product), `gather` (im2col by one `Gather` with precomputed indices,
-one product; any stride, needs `input_size`), `auto` (`split` or `concat` by the layer's shape,
-`gather` where the stride does not divide the kernel)."""
+(the taps side by side, one product), `gather` (im2col by one `Gather` with indices computed when
+the graph is compiled, one product; any stride), `auto` (`choose_method`)."""
 FORMATS = ("NCHW", "NHWC")
 FORMS = ("auto", "native", "matmul")
 """`conv_layer`'s choice: `native` is MindSpore's `nn.Conv2d`, `matmul` is `Conv2dFast`, `auto` the
@@ -39,6 +40,10 @@ SPLIT_MIN_WIDTH = 256
 """`auto` takes `split` when at most `SPLIT_MAX_TAPS` taps hold at least this many input values per
 output position between them (Nature CNN's 8x8/4 and 4x4/2 layers), `concat` otherwise."""
 SPLIT_MAX_TAPS = 4
+GATHER_MAX_CHANNELS = 8
+"""`auto` takes `gather` when space-to-depth leaves at most this many channels per tap (MinAtar's
+3x3/1 layer on 4 channels): slicing and concatenating such narrow pieces costs more than one
+`Gather` reading the input as it is laid out."""
 
 
 def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -55,6 +60,8 @@ def choose_method(in_channels: int, kernel_size: tuple[int, int], stride: tuple[
         return "gather"
     taps = (kh // sh) * (kw // sw)
     width = in_channels * sh * sw
+    if width <= GATHER_MAX_CHANNELS:
+        return "gather"
     return "split" if taps <= SPLIT_MAX_TAPS and taps * width >= SPLIT_MIN_WIDTH else "concat"
 
 
@@ -111,8 +118,7 @@ class Conv2dFast(nn.Conv2d):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int],
                  stride: int | Sequence[int] = 1, weight_init=None, bias_init=None, *,
-                 method: str = "auto", in_format: str = "NCHW", out_format: str = "NCHW",
-                 input_size: Sequence[int] | None = None):
+                 method: str = "auto", in_format: str = "NCHW", out_format: str = "NCHW"):
         kernel_size, stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
         super().__init__(in_channels, out_channels, kernel_size, stride, pad_mode="valid", has_bias=True,
                          weight_init=weight_init, bias_init=bias_init)
@@ -133,13 +139,6 @@ class Conv2dFast(nn.Conv2d):
         self.matmul_nt = ops.MatMul(transpose_b=True)
         self.row_bias = RowBias()
         self.add_n = ops.AddN()
-        self.input_size = None if input_size is None else _pair(tuple(input_size), "input_size")
-        self.indices = None
-        if method == "gather":
-            if self.input_size is None:
-                raise ValueError("method 'gather' needs input_size=(H, W) (its indices are precomputed)")
-            self._check(in_channels, *self.input_size)
-            self.indices = Tensor(gather_indices(in_channels, self.input_size, kernel_size, stride, in_format))
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """(OH, OW) of an input of `height` x `width`."""
@@ -157,8 +156,6 @@ class Conv2dFast(nn.Conv2d):
         if height < kh or width < kw:
             raise ValueError(f"Conv2dFast input {height}x{width} (H x W, {self.in_format}) is smaller than the "
                              f"kernel {kh}x{kw}")
-        if self.input_size is not None and (height, width) != self.input_size:
-            raise ValueError(f"Conv2dFast was built for input_size {self.input_size}, got {height}x{width}")
 
     def construct(self, x):
         if self.in_format == "NCHW":
@@ -169,7 +166,7 @@ class Conv2dFast(nn.Conv2d):
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
         oh, ow = (height - kh) // sh + 1, (width - kw) // sw + 1
         if self.method == "gather":
-            y = self._gather(x, oh, ow)
+            y = self._gather(x, channels, height, width)
         else:
             y = self._taps(self._space_to_depth(x, oh, ow), oh, ow)
         y = self.row_bias(y, self.bias).reshape(-1, oh, ow, self.out_channels)
@@ -222,10 +219,13 @@ class Conv2dFast(nn.Conv2d):
             parts.append(self.matmul(window.reshape(-1, width), tap_weight))
         return self.add_n(parts)
 
-    def _gather(self, x, oh, ow):
-        """[B*OH*OW, O] before the bias: im2col by one `Gather`, then one product."""
+    def _gather(self, x, channels, height, width):
+        """[B*OH*OW, O] before the bias: im2col by one `Gather`, then one product. The indices are a
+        constant of the compiled graph (the shape is known when it is compiled; the batch may be
+        dynamic)."""
         kh, kw = self.kernel_size
-        columns = ops.gather(x.reshape(x.shape[0], -1), self.indices, 1).reshape(-1, self.in_channels * kh * kw)
+        indices = Tensor(gather_indices(channels, (height, width), self.kernel_size, self.stride, self.in_format))
+        columns = ops.gather(x.reshape(x.shape[0], -1), indices, 1).reshape(-1, channels * kh * kw)
         w = self.weight if self.in_format == "NCHW" else ops.transpose(self.weight, (0, 2, 3, 1))
         return self.matmul_nt(columns, w.reshape(self.out_channels, -1))
 
@@ -252,17 +252,39 @@ def conv_layer(in_channels: int, out_channels: int, kernel_size: int | Sequence[
     return Conv2dFast(in_channels, out_channels, kernel_size, stride, weight_init, bias_init, **fast_options)
 
 
+class InputMajorDense(nn.Cell):
+    """x [B, in] @ weight [in, out] + bias: a dense layer whose weight is stored input-major, so
+    the product needs no transpose flag (`nn.Dense` stores [out, in] and multiplies with
+    `transpose_b`, ~2x slower at batch 8 on [8, 3136] x [3136, 512]: see
+    docs/PERFORMANCE.md#convolutions). Initialised as `nn.Dense` (its defaults, or `weight_init` /
+    `bias_init` drawn for the [out, in] weight and transposed)."""
+
+    def __init__(self, in_dim: int, out_dim: int, weight_init=None, bias_init=None):
+        super().__init__()
+        weight = initializer(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, [out_dim, in_dim],
+                             ms.float32).init_data().asnumpy()
+        bias_init = Uniform(1 / math.sqrt(in_dim)) if bias_init is None else bias_init
+        self.weight = Parameter(Tensor(np.ascontiguousarray(weight.T)), name="weight")
+        self.bias = Parameter(initializer(bias_init, [out_dim], ms.float32), name="bias")
+        self.matmul = ops.MatMul()
+        self.row_bias = RowBias()
+
+    def construct(self, x):
+        return self.row_bias(self.matmul(x, self.weight), self.bias)
+
+
 class ConvStack(nn.Cell):
-    """[B, C, H, W] -> convolutions, each followed by ReLU -> [B, out_dim], flattened in
-    (C, H, W) order as `nn.Flatten` after `nn.Conv2d` does, whichever form.
+    """[B, C, H, W] -> convolutions, each followed by ReLU -> flattened in (C, H, W) order as
+    `nn.Flatten` after `nn.Conv2d` does, whichever form -> with `dense`, an `InputMajorDense` of
+    that width and ReLU (Nature CNN's features) -> [B, out_dim].
 
     `layers` are (out_channels, kernel_size, stride) triples. With the `matmul` form the first
     layer reads NCHW and every layer writes NHWC (the next reads it as it is); one `Transpose`
-    before the flatten restores (C, H, W) order.
+    before the flatten restores (C, H, W) order. Both forms have the same parameters.
     """
 
     def __init__(self, in_shape: Sequence[int], layers: Sequence[tuple[int, int, int]], form: str = "auto",
-                 weight_init=None, bias_init=None, method: str = "auto"):
+                 weight_init=None, bias_init=None, method: str = "auto", dense: int | None = None):
         super().__init__()
         self.form = resolve_form(form)
         channels, height, width = in_shape
@@ -282,12 +304,19 @@ class ConvStack(nn.Cell):
             convs.append(conv)
             channels = out_channels
         self.convs = nn.CellList(convs)
-        self.out_shape = (channels, height, width)
+        self.conv_shape = (channels, height, width)
         self.out_dim = channels * height * width
+        self.dense = None
+        if dense is not None:
+            self.dense = InputMajorDense(self.out_dim, dense, weight_init, bias_init)
+            self.out_dim = dense
 
     def construct(self, x):
         for conv in self.convs:
             x = ops.relu(conv(x))
         if self.form == "matmul":
             x = ops.transpose(x, (0, 3, 1, 2))
-        return x.reshape(x.shape[0], -1)
+        x = x.reshape(x.shape[0], -1)
+        if self.dense is not None:
+            x = ops.relu(self.dense(x))
+        return x

@@ -7,8 +7,8 @@ Networks (the default): Nature CNN (32x8x8/4, 64x4x4/2, 64x3x3/1, ReLU after eac
 interpreter given by `--python` (a venv with torch; its default threads, all cores, as SB3 runs).
 Two calls per network: the train step at `--train-batch` (forward, the gradient of the mean square
 of the features, Adam) and the acting call at `--act-batch` (forward, features read to the host).
-Every program takes uint8 observations and divides by 255 itself (SB3's `preprocess_obs`). The
-programs alternate within each of `--repeats` rounds; each row gives the median and the min-max
+Every program takes the same float32 observations, uint8 pixels divided by 255 beforehand (an
+encoder's input: the observation after normalisation). The programs alternate within each of `--repeats` rounds; each row gives the median and the min-max
 of the milliseconds per call over the rounds, and rlstack's speed against torch's
 (torch ms / rlstack ms). The native `Conv2d` takes seconds per train step: `--native-steps`.
 
@@ -65,18 +65,18 @@ for name, (shape, convs, hidden) in spec["nets"].items():
     net = torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(channels * size[0] * size[1], hidden),
                               torch.nn.ReLU())
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
-    train_x = torch.randint(0, 256, (spec["train_batch"], *shape), dtype=torch.uint8)
-    act_x = torch.randint(0, 256, (spec["act_batch"], *shape), dtype=torch.uint8)
+    train_x = torch.randint(0, 256, (spec["train_batch"], *shape), dtype=torch.uint8).float() / 255.0
+    act_x = torch.randint(0, 256, (spec["act_batch"], *shape), dtype=torch.uint8).float() / 255.0
 
     def train():
-        loss = net(train_x.float() / 255.0).square().mean()
+        loss = net(train_x).square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
 
     def act():
         with torch.no_grad():
-            return net(act_x.float() / 255.0).numpy()
+            return net(act_x).numpy()
 
     for call, fn, n in (("train", train, spec["train_steps"]), ("act", act, spec["act_calls"])):
         fn()
@@ -104,23 +104,11 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 def build_programs(form: str, train_batch: int, act_batch: int) -> dict[str, Callable[[], Any]]:
     """name/train and name/act -> a call running that program once (compiled on first call)."""
-    import mindspore as ms
     import numpy as np
     from mindspore import Tensor, nn, ops
 
     from rlstack.conv import ConvStack
     from rlstack.graphcall import LeanCall, to_numpy, written_by
-
-    class PixelNet(nn.Cell):
-        """uint8 [B, C, H, W] / 255 -> convolutions + ReLU -> flatten -> dense + ReLU."""
-
-        def __init__(self, shape, convs, hidden):
-            super().__init__()
-            self.stack = ConvStack(shape, convs, form)
-            self.dense = nn.Dense(self.stack.out_dim, hidden)
-
-        def construct(self, obs):
-            return ops.relu(self.dense(self.stack(ops.cast(obs, ms.float32) * (1.0 / 255.0))))
 
     class TrainStep(nn.Cell):
         """mean(features ** 2), its gradient, one Adam step."""
@@ -142,12 +130,12 @@ def build_programs(form: str, train_batch: int, act_batch: int) -> dict[str, Cal
     rng = np.random.default_rng(0)
     programs = {}
     for name, (shape, convs, hidden) in NETS.items():
-        net = PixelNet(shape, convs, hidden)
+        net = ConvStack(shape, convs, form, dense=hidden)
         step = TrainStep(net)
         train = LeanCall(step, written_by(step))
         act = LeanCall(net)
-        train_x = Tensor(rng.integers(0, 256, (train_batch, *shape), dtype=np.uint8))
-        act_x = Tensor(rng.integers(0, 256, (act_batch, *shape), dtype=np.uint8))
+        train_x, act_x = (Tensor(rng.integers(0, 256, (batch, *shape)).astype(np.float32) / 255.0)
+                          for batch in (train_batch, act_batch))
         programs[f"{name}/train"] = lambda train=train, x=train_x: to_numpy(train(x))
         programs[f"{name}/act"] = lambda act=act, x=act_x: to_numpy(act(x))
     return programs
@@ -230,7 +218,7 @@ def layers(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if method == "native":
                     conv = nn.Conv2d(cin, cout, k, s, pad_mode="valid", has_bias=True)
                 else:
-                    conv = Conv2dFast(cin, cout, k, s, method=method, input_size=(size, size))
+                    conv = Conv2dFast(cin, cout, k, s, method=method)
                 row = {"layer": name, "batch": batch, "method": conv.method if method != "native" else "native"}
                 for kind, cell, inputs in (("forward", conv, (x,)), ("backward", Backward(conv), (x, dout))):
                     call = LeanCall(cell)

@@ -4,13 +4,15 @@ weights within `RTOL` of the largest reference value, for the Nature CNN and Min
 batch 1 and 5 (one graph of dynamic batch per layer and method, as exported graphs are); the stack
 of layers matches the native stack; `conv_layer` picks its form; bad shapes are refused naming them."""
 
+import os
+
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 from mindspore.common.initializer import Orthogonal
 
-from rlstack.conv import Conv2dFast, ConvStack, choose_method, conv_layer
+from rlstack.conv import Conv2dFast, ConvStack, InputMajorDense, choose_method, conv_layer
 
 RTOL = 2e-5
 """Max |fast - native| / max |native| allowed; measured up to ~1e-6 (float32 sums in another
@@ -60,7 +62,7 @@ def test_output_and_gradients_match_native_conv2d(layer):
                Tensor(rng.standard_normal((b, cout, oh, oh)).astype(np.float32))) for b in BATCHES]
     wanted = [[t.asnumpy() for t in reference(x, r)] for x, r in inputs]
     for method in ("split", "concat", "gather"):
-        fast = Conv2dFast(cin, cout, k, s, method=method, input_size=(size, size))
+        fast = Conv2dFast(cin, cout, k, s, method=method)
         fast.weight.set_data(native.weight.data.copy())
         fast.bias.set_data(native.bias.data.copy())
         graph = _dynamic(_OutAndGrads(fast), cin, cout, size, oh)
@@ -74,7 +76,7 @@ def test_output_and_gradients_match_native_conv2d(layer):
 
 def test_auto_method_by_layer_shape():
     assert [choose_method(cin, (k, k), (s, s)) for cin, _, k, s, _ in LAYERS.values()] == [
-        "split", "split", "concat", "concat"]
+        "split", "split", "concat", "gather"]
     assert choose_method(4, (5, 5), (2, 2)) == "gather"  # the stride does not divide the kernel
 
 
@@ -94,16 +96,34 @@ def test_nhwc_layout_and_an_uneven_input():
         np.testing.assert_allclose(got, want, rtol=0, atol=RTOL * np.abs(want).max())
 
 
-def test_stack_matches_the_native_stack_with_the_same_parameter_names():
+def test_stack_matches_the_native_stack_with_the_same_parameter_names(tmp_path):
+    """Nature CNN's features both ways; the matmul form exported with a dynamic batch computes
+    what the live Cell computes."""
     shape, convs = (4, 84, 84), ((32, 8, 4), (64, 4, 2), (64, 3, 1))
-    native, fast = ConvStack(shape, convs, form="native"), ConvStack(shape, convs, form="matmul")
+    native, fast = ConvStack(shape, convs, form="native", dense=32), ConvStack(shape, convs, form="matmul", dense=32)
     assert [p.name for p in fast.get_parameters()] == [p.name for p in native.get_parameters()]
     for p, q in zip(fast.get_parameters(), native.get_parameters(), strict=True):
         p.set_data(q.data.copy())
-    assert fast.out_dim == native.out_dim == 64 * 7 * 7
-    x = Tensor(np.random.default_rng(2).uniform(0, 1, (2, *shape)).astype(np.float32))
+    assert fast.conv_shape == native.conv_shape == (64, 7, 7) and fast.out_dim == 32
+    x = Tensor(np.random.default_rng(2).uniform(0, 1, (3, *shape)).astype(np.float32))
     want = native(x).asnumpy()
     np.testing.assert_allclose(fast(x).asnumpy(), want, rtol=0, atol=RTOL * np.abs(want).max())
+    ms.export(fast, Tensor(shape=[None, *shape], dtype=ms.float32), file_name=str(tmp_path / "stack"),
+              file_format="MINDIR")
+    exported = nn.GraphCell(ms.load(os.fspath(tmp_path / "stack.mindir")))
+    for rows in (1, 3):
+        np.testing.assert_allclose(exported(x[:rows]).asnumpy(), fast(x[:rows]).asnumpy(), rtol=0, atol=1e-6)
+
+
+def test_input_major_dense_is_nn_dense_with_the_weight_transposed():
+    ms.set_seed(4)
+    dense = InputMajorDense(6, 3)
+    ms.set_seed(4)
+    reference = nn.Dense(6, 3)
+    assert np.array_equal(dense.weight.asnumpy(), reference.weight.asnumpy().T)
+    assert np.array_equal(dense.bias.asnumpy(), reference.bias.asnumpy())
+    x = Tensor(np.random.default_rng(5).standard_normal((4, 6)).astype(np.float32))
+    np.testing.assert_allclose(dense(x).asnumpy(), reference(x).asnumpy(), rtol=0, atol=1e-6)
 
 
 def test_conv_layer_form_and_initialisation():
