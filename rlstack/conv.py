@@ -26,11 +26,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import HeUniform, Uniform, initializer
+from mindspore.ops import functional as F
 
 METHODS = ("auto", "split", "concat", "gather")
 """How `Conv2dFast` gathers the input windows: `split` (one product per kernel tap, summed), `concat`
 (the taps side by side, one product), `gather` (im2col by one `Gather` with indices computed when
-the graph is compiled, one product; any stride), `auto` (`choose_method`)."""
+the graph is compiled, one product; any stride), `auto` (`choose_method`, when each graph is
+compiled: the choice may depend on its batch size)."""
 FORMATS = ("NCHW", "NHWC")
 FORMS = ("auto", "native", "matmul")
 """`conv_layer`'s choice: `native` is MindSpore's `nn.Conv2d`, `matmul` is `Conv2dFast`, `auto` the
@@ -40,6 +42,10 @@ SPLIT_MIN_WIDTH = 256
 """`auto` takes `split` when at most `SPLIT_MAX_TAPS` taps hold at least this many input values per
 output position between them (Nature CNN's 8x8/4 and 4x4/2 layers), `concat` otherwise."""
 SPLIT_MAX_TAPS = 4
+SPLIT_MIN_ROWS = 2048
+"""Layers with more taps take `split` from this many product rows (batch x output positions) and
+`concat` below it or at a dynamic batch (an exported acting graph): Nature CNN's 3x3/1 layer
+(49 positions) crossed over between batch 32 and 48."""
 GATHER_MAX_CHANNELS = 8
 """`auto` takes `gather` when space-to-depth leaves at most this many channels per tap (MinAtar's
 3x3/1 layer on 4 channels): slicing and concatenating such narrow pieces costs more than one
@@ -53,8 +59,10 @@ def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
     return pair
 
 
-def choose_method(in_channels: int, kernel_size: tuple[int, int], stride: tuple[int, int]) -> str:
-    """`auto`'s choice for a layer (see `METHODS`)."""
+def choose_method(in_channels: int, kernel_size: tuple[int, int], stride: tuple[int, int],
+                  rows: int | None = None) -> str:
+    """`auto`'s choice for a layer (see `METHODS`) whose product has `rows` rows (batch x output
+    positions; None: not known, a dynamic batch)."""
     (kh, kw), (sh, sw) = kernel_size, stride
     if kh % sh or kw % sw:
         return "gather"
@@ -62,7 +70,9 @@ def choose_method(in_channels: int, kernel_size: tuple[int, int], stride: tuple[
     width = in_channels * sh * sw
     if width <= GATHER_MAX_CHANNELS:
         return "gather"
-    return "split" if taps <= SPLIT_MAX_TAPS and taps * width >= SPLIT_MIN_WIDTH else "concat"
+    if taps <= SPLIT_MAX_TAPS and taps * width >= SPLIT_MIN_WIDTH:
+        return "split"
+    return "split" if rows is not None and rows >= SPLIT_MIN_ROWS else "concat"
 
 
 def gather_indices(channels: int, size: tuple[int, int], kernel_size: tuple[int, int],
@@ -127,8 +137,9 @@ class Conv2dFast(nn.Conv2d):
         for name, fmt in (("in_format", in_format), ("out_format", out_format)):
             if fmt not in FORMATS:
                 raise ValueError(f"{name} must be one of {FORMATS}, got {fmt!r}")
-        if method == "auto":
-            method = choose_method(in_channels, kernel_size, stride)
+        if method == "auto" and choose_method(in_channels, kernel_size, stride) == choose_method(
+                in_channels, kernel_size, stride, SPLIT_MIN_ROWS):
+            method = choose_method(in_channels, kernel_size, stride)  # the same at every batch size
         (kh, kw), (sh, sw) = kernel_size, stride
         if method in ("split", "concat") and (kh % sh or kw % sw):
             raise ValueError(f"method {method!r} needs the stride {stride} to divide the kernel {kernel_size} "
@@ -165,10 +176,15 @@ class Conv2dFast(nn.Conv2d):
         self._check(channels, height, width)
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
         oh, ow = (height - kh) // sh + 1, (width - kw) // sw + 1
-        if self.method == "gather":
+        method = self.method
+        if method == "auto":  # `split` or `concat` by the batch, when the graph is compiled
+            batch = F.shape(x)[0]
+            rows = batch * oh * ow if F.isconstant(batch) else 0
+            method = "split" if rows >= SPLIT_MIN_ROWS else "concat"
+        if method == "gather":
             y = self._gather(x, channels, height, width)
         else:
-            y = self._taps(self._space_to_depth(x, oh, ow), oh, ow)
+            y = self._taps(self._space_to_depth(x, oh, ow), oh, ow, method)
         y = self.row_bias(y, self.bias).reshape(-1, oh, ow, self.out_channels)
         if self.out_format == "NCHW":
             y = ops.transpose(y, (0, 3, 1, 2))
@@ -203,14 +219,14 @@ class Conv2dFast(nn.Conv2d):
         order = (2, 4, 1, 3, 5, 0) if self.in_format == "NCHW" else (2, 4, 3, 5, 1, 0)
         return ops.transpose(w, order).reshape(len(self.taps), -1, self.out_channels)
 
-    def _taps(self, xs, oh, ow):
+    def _taps(self, xs, oh, ow, method):
         """[B*OH*OW, O] before the bias, from the space-to-depth input `xs`."""
         batch, width = xs.shape[0], xs.shape[3]
         weights = self._tap_weights()
         windows = [ops.slice(xs, (0, a, b, 0), (batch, oh, ow, width)) for a, b in self.taps]
         if len(windows) == 1:
             return self.matmul(windows[0].reshape(-1, width), weights.reshape(width, -1))
-        if self.method == "concat":
+        if method == "concat":
             columns = ops.concat(windows, 3).reshape(-1, len(windows) * width)
             return self.matmul(columns, weights.reshape(len(windows) * width, -1))
         parts = []
@@ -298,7 +314,8 @@ class ConvStack(nn.Cell):
                     raise ValueError(f"ConvStack layer {i}: input {height}x{width} is smaller than the kernel {kh}x{kw}")
                 height, width = (height - kh) // sh + 1, (width - kw) // sw + 1
             else:
-                conv = Conv2dFast(channels, out_channels, kernel_size, stride, weight_init, bias_init, method=method,
+                conv = Conv2dFast(channels, out_channels, kernel_size, stride, weight_init, bias_init,
+                                  method=method if isinstance(method, str) else method[i],
                                   in_format="NCHW" if i == 0 else "NHWC", out_format="NHWC")
                 height, width = conv.output_size(height, width)
             convs.append(conv)

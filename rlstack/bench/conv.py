@@ -210,6 +210,8 @@ def layers(args: argparse.Namespace) -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     rows = []
     for name, (cin, cout, k, s, size) in LAYERS.items():
+        if args.only and name not in args.only.split(","):
+            continue
         for batch in (args.act_batch, args.train_batch):
             x = Tensor(rng.standard_normal((batch, cin, size, size)).astype(np.float32))
             oh = (size - k) // s + 1
@@ -266,6 +268,7 @@ def main(argv: list[str]) -> int:
                         help="native Conv2d train steps per round (its acting calls: 10x); 0 leaves it out")
     parser.add_argument("--layers", action="store_true", help="time each layer shape and method instead")
     parser.add_argument("--methods", default="split,concat,gather,native", help="with --layers")
+    parser.add_argument("--only", default=None, help=f"with --layers, comma-separated: {', '.join(LAYERS)}")
     parser.add_argument("--onednn", action="store_true", help="count the oneDNN primitives each form runs")
     parser.add_argument("--json", default=None, help="also write the result to this file")
     args = parser.parse_args(argv)

@@ -74,10 +74,30 @@ def test_output_and_gradients_match_native_conv2d(layer):
                 assert err <= RTOL, f"{layer} {method} batch {x.shape[0]} {name}: relative error {err:.2e}"
 
 
-def test_auto_method_by_layer_shape():
-    assert [choose_method(cin, (k, k), (s, s)) for cin, _, k, s, _ in LAYERS.values()] == [
-        "split", "split", "concat", "gather"]
+def test_auto_method_by_layer_shape_and_batch():
+    """The choices measured fastest (docs/PERFORMANCE.md#convolutions); 3x3/1 on 64 channels
+    changes with the batch: `concat` at 8 rows or a dynamic batch, `split` at 256."""
+    for rows, nature_3x3 in ((None, "concat"), (8 * 49, "concat"), (256 * 49, "split")):
+        assert [choose_method(cin, (k, k), (s, s), rows) for cin, _, k, s, _ in LAYERS.values()] == [
+            "split", "split", nature_3x3, "gather"]
     assert choose_method(4, (5, 5), (2, 2)) == "gather"  # the stride does not divide the kernel
+    assert Conv2dFast(64, 64, 3).method == "auto" and Conv2dFast(4, 32, 8, 4).method == "split"
+
+
+def test_auto_by_batch_when_compiled():
+    """An `auto` layer whose choice depends on the batch computes the same at a small and a large
+    static batch and at a dynamic one."""
+    rng = np.random.default_rng(6)
+    native = nn.Conv2d(64, 64, 3, 1, pad_mode="valid", has_bias=True)
+    static, dynamic = Conv2dFast(64, 64, 3, 1), Conv2dFast(64, 64, 3, 1)
+    dynamic.set_inputs(Tensor(shape=[None, 64, 9, 9], dtype=ms.float32))
+    for fast in (static, dynamic):
+        fast.weight.set_data(native.weight.data.copy())
+        fast.bias.set_data(native.bias.data.copy())
+        for batch in (2, 48):  # 98 and 2352 rows
+            x = Tensor(rng.standard_normal((batch, 64, 9, 9)).astype(np.float32))
+            want = native(x).asnumpy()
+            np.testing.assert_allclose(fast(x).asnumpy(), want, rtol=0, atol=RTOL * np.abs(want).max())
 
 
 def test_nhwc_layout_and_an_uneven_input():
