@@ -6,15 +6,19 @@ initialisation, another computation), `conv_layer` (the fast layer on the CPU, M
 (C, H, W) order, optionally a dense layer: Nature CNN's features).
 
 - The CPU `Conv2D` runs oneDNN's reference kernel: docs/PERFORMANCE.md#convolutions.
-- Stride by space-to-depth (one `Reshape` + `Transpose`), then one `Slice` per kernel tap, not an
-  index `Gather` (slower forward, scatter-add backward): docs/PERFORMANCE.md#convolutions.
-- Few wide taps: one `MatMul` per tap summed by `AddN`; many narrow ones: one `Concat` and one
-  `MatMul` (`Concat` of narrow pieces is slow at large batches): docs/PERFORMANCE.md#convolutions.
+- Stride by space-to-depth (one `Reshape` + `Transpose`), then one `Slice` per kernel tap; one
+  index `Gather` only for narrow inputs or a stride that does not divide the kernel (slower
+  elsewhere, and its gradient is a scatter-add): docs/PERFORMANCE.md#convolutions.
+- The taps meet the weight as one `MatMul` per tap summed by `AddN` (`split`) or one `Concat` and
+  one `MatMul` (`concat`), whichever measured faster for the layer's shape and batch
+  (`choose_method`; `Concat` of narrow pieces is slow): docs/PERFORMANCE.md#convolutions.
 - Products through the `MatMul` primitive (its gradient uses the transpose flags; `ops.matmul`'s
   gradient adds `Transpose` kernels): docs/PERFORMANCE.md#convolutions.
 - The bias gradient as a product with a row of ones (`BiasAddGrad` and `ReduceSum` over the rows
   of a tall matrix are slow): docs/PERFORMANCE.md#convolutions.
 - Between convolutions the activations stay channels-last (NHWC): no layout change between layers.
+- The dense layer after them stores its weight input-major (`InputMajorDense`):
+  docs/PERFORMANCE.md#convolutions.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ FORMS = ("auto", "native", "matmul")
 latter on the CPU and the former elsewhere."""
 
 SPLIT_MIN_WIDTH = 256
-"""`auto` takes `split` when at most `SPLIT_MAX_TAPS` taps hold at least this many input values per
-output position between them (Nature CNN's 8x8/4 and 4x4/2 layers), `concat` otherwise."""
+"""`auto` takes `split` at every batch when at most `SPLIT_MAX_TAPS` taps hold at least this many
+input values per output position between them (Nature CNN's 8x8/4 and 4x4/2 layers)."""
 SPLIT_MAX_TAPS = 4
 SPLIT_MIN_ROWS = 2048
 """Layers with more taps take `split` from this many product rows (batch x output positions) and
@@ -123,7 +127,8 @@ class Conv2dFast(nn.Conv2d):
     kernel, the input is rearranged by space-to-depth (blocks of stride x stride pixels become
     channels: one `Reshape` and one `Transpose`), which turns the layer into a stride-1
     convolution with kh/sh x kw/sw taps; each tap is one `Slice` of it. `method` (`METHODS`) says
-    how the taps meet the weight.
+    how the taps meet the weight; the attribute holds the choice `auto` made, or stays `auto` where
+    that depends on the batch (decided when each graph compiles).
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int],
