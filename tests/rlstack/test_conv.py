@@ -28,26 +28,27 @@ BATCHES = (1, 5)
 
 
 class _OutAndGrads(nn.Cell):
-    """(output, d/dx, d/dweight, d/dbias) of sum(conv(x) * r)."""
+    """For each conv: (output, d/dx, d/dweight, d/dbias) of sum(conv(x) * r); one graph for all."""
 
-    def __init__(self, conv):
+    def __init__(self, convs):
         super().__init__()
-        self.conv = conv
-        self.grad = ops.value_and_grad(self.loss, grad_position=0, weights=conv.trainable_params(), has_aux=True)
+        self.convs = nn.CellList(convs)
+        self.grads = [ops.value_and_grad(self._loss(conv), grad_position=0, weights=conv.trainable_params(),
+                                         has_aux=True) for conv in convs]
 
-    def loss(self, x, r):
-        out = self.conv(x)
-        return (out * r).sum(), out
+    @staticmethod
+    def _loss(conv):
+        def loss(x, r):
+            out = conv(x)
+            return (out * r).sum(), out
+        return loss
 
     def construct(self, x, r):
-        (_, out), (dx, (dw, db)) = self.grad(x, r)
-        return out, dx, dw, db
-
-
-def _dynamic(cell, cin, cout, size, oh):
-    cell.set_inputs(Tensor(shape=[None, cin, size, size], dtype=ms.float32),
-                    Tensor(shape=[None, cout, oh, oh], dtype=ms.float32))
-    return cell
+        results = ()
+        for grad in self.grads:
+            (_, out), (dx, (dw, db)) = grad(x, r)
+            results += ((out, dx, dw, db),)
+        return results
 
 
 @pytest.mark.parametrize("layer", sorted(LAYERS))
@@ -57,21 +58,26 @@ def test_output_and_gradients_match_native_conv2d(layer):
     rng = np.random.default_rng(0)
     native = nn.Conv2d(cin, cout, k, s, pad_mode="valid", has_bias=True)
     native.bias.set_data(Tensor(rng.standard_normal(cout).astype(np.float32)))
-    reference = _dynamic(_OutAndGrads(native), cin, cout, size, oh)
-    inputs = [(Tensor(rng.standard_normal((b, cin, size, size)).astype(np.float32)),
-               Tensor(rng.standard_normal((b, cout, oh, oh)).astype(np.float32))) for b in BATCHES]
-    wanted = [[t.asnumpy() for t in reference(x, r)] for x, r in inputs]
-    for method in ("split", "concat", "gather"):
+    methods = ("split", "concat", "gather")
+    convs = [native]
+    for method in methods:
         fast = Conv2dFast(cin, cout, k, s, method=method)
         fast.weight.set_data(native.weight.data.copy())
         fast.bias.set_data(native.bias.data.copy())
-        graph = _dynamic(_OutAndGrads(fast), cin, cout, size, oh)
-        for (x, r), want in zip(inputs, wanted, strict=True):
-            got = [t.asnumpy() for t in graph(x, r)]
+        convs.append(fast)
+    graph = _OutAndGrads(convs)
+    # one graph of dynamic batch, as exported graphs are
+    graph.set_inputs(Tensor(shape=[None, cin, size, size], dtype=ms.float32),
+                     Tensor(shape=[None, cout, oh, oh], dtype=ms.float32))
+    for batch in BATCHES:
+        x = Tensor(rng.standard_normal((batch, cin, size, size)).astype(np.float32))
+        r = Tensor(rng.standard_normal((batch, cout, oh, oh)).astype(np.float32))
+        want, *got_by_method = [[t.asnumpy() for t in result] for result in graph(x, r)]
+        for method, got in zip(methods, got_by_method, strict=True):
             for name, g, w in zip(("output", "d_input", "d_weight", "d_bias"), got, want, strict=True):
                 assert g.shape == w.shape, (layer, method, name, g.shape, w.shape)
                 err = float(np.abs(g - w).max() / np.abs(w).max())
-                assert err <= RTOL, f"{layer} {method} batch {x.shape[0]} {name}: relative error {err:.2e}"
+                assert err <= RTOL, f"{layer} {method} batch {batch} {name}: relative error {err:.2e}"
 
 
 def test_auto_method_by_layer_shape_and_batch():
@@ -85,19 +91,18 @@ def test_auto_method_by_layer_shape_and_batch():
 
 
 def test_auto_by_batch_when_compiled():
-    """An `auto` layer whose choice depends on the batch computes the same at a small and a large
-    static batch and at a dynamic one."""
+    """An `auto` layer whose choice depends on the batch computes the same at a large static batch
+    and at a dynamic one."""
     rng = np.random.default_rng(6)
     native = nn.Conv2d(64, 64, 3, 1, pad_mode="valid", has_bias=True)
     static, dynamic = Conv2dFast(64, 64, 3, 1), Conv2dFast(64, 64, 3, 1)
     dynamic.set_inputs(Tensor(shape=[None, 64, 9, 9], dtype=ms.float32))
-    for fast in (static, dynamic):
+    for fast, batch in ((static, 48), (dynamic, 2)):  # 2352 rows: split; dynamic: concat
         fast.weight.set_data(native.weight.data.copy())
         fast.bias.set_data(native.bias.data.copy())
-        for batch in (2, 48):  # 98 and 2352 rows
-            x = Tensor(rng.standard_normal((batch, 64, 9, 9)).astype(np.float32))
-            want = native(x).asnumpy()
-            np.testing.assert_allclose(fast(x).asnumpy(), want, rtol=0, atol=RTOL * np.abs(want).max())
+        x = Tensor(rng.standard_normal((batch, 64, 9, 9)).astype(np.float32))
+        want = native(x).asnumpy()
+        np.testing.assert_allclose(fast(x).asnumpy(), want, rtol=0, atol=RTOL * np.abs(want).max())
 
 
 def test_nhwc_layout_and_an_uneven_input():
@@ -116,23 +121,29 @@ def test_nhwc_layout_and_an_uneven_input():
         np.testing.assert_allclose(got, want, rtol=0, atol=RTOL * np.abs(want).max())
 
 
-def test_stack_matches_the_native_stack_with_the_same_parameter_names(tmp_path):
-    """Nature CNN's features both ways; the matmul form exported with a dynamic batch computes
-    what the live Cell computes."""
+def test_stack_matches_the_native_stack_with_the_same_parameter_names():
+    """Nature CNN's features both ways."""
     shape, convs = (4, 84, 84), ((32, 8, 4), (64, 4, 2), (64, 3, 1))
     native, fast = ConvStack(shape, convs, form="native", dense=32), ConvStack(shape, convs, form="matmul", dense=32)
     assert [p.name for p in fast.get_parameters()] == [p.name for p in native.get_parameters()]
     for p, q in zip(fast.get_parameters(), native.get_parameters(), strict=True):
         p.set_data(q.data.copy())
     assert fast.conv_shape == native.conv_shape == (64, 7, 7) and fast.out_dim == 32
-    x = Tensor(np.random.default_rng(2).uniform(0, 1, (3, *shape)).astype(np.float32))
+    x = Tensor(np.random.default_rng(2).uniform(0, 1, (2, *shape)).astype(np.float32))
     want = native(x).asnumpy()
     np.testing.assert_allclose(fast(x).asnumpy(), want, rtol=0, atol=RTOL * np.abs(want).max())
-    ms.export(fast, Tensor(shape=[None, *shape], dtype=ms.float32), file_name=str(tmp_path / "stack"),
+
+
+def test_exported_with_a_dynamic_batch(tmp_path):
+    """The MinAtar stack exported as policies are (a dynamic batch) computes what the Cell does."""
+    shape = (4, 10, 10)
+    stack = ConvStack(shape, ((16, 3, 1),), form="matmul", dense=8)
+    ms.export(stack, Tensor(shape=[None, *shape], dtype=ms.float32), file_name=str(tmp_path / "stack"),
               file_format="MINDIR")
     exported = nn.GraphCell(ms.load(os.fspath(tmp_path / "stack.mindir")))
+    x = Tensor(np.random.default_rng(7).uniform(0, 1, (3, *shape)).astype(np.float32))
     for rows in (1, 3):
-        np.testing.assert_allclose(exported(x[:rows]).asnumpy(), fast(x[:rows]).asnumpy(), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(exported(x[:rows]).asnumpy(), stack(x[:rows]).asnumpy(), rtol=0, atol=1e-6)
 
 
 def test_input_major_dense_is_nn_dense_with_the_weight_transposed():
