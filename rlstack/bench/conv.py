@@ -8,16 +8,17 @@ interpreter given by `--python` (a venv with torch; its default threads, all cor
 Two calls per network: the train step at `--train-batch` (forward, the gradient of the mean square
 of the features, Adam) and the acting call at `--act-batch` (forward, features read to the host).
 Every program takes the same float32 observations, uint8 pixels divided by 255 beforehand (an
-encoder's input: the observation after normalisation). The programs alternate within each of `--repeats` rounds; each row gives the median and the min-max
-of the milliseconds per call over the rounds, and rlstack's speed against torch's
-(torch ms / rlstack ms). The native `Conv2d` takes seconds per train step: `--native-steps`.
+encoder's input: the observation after normalisation). The programs alternate within each of
+`--repeats` rounds; each row gives the median and the min-max of the milliseconds per call over the
+rounds, and rlstack's speed against torch's (torch ms / rlstack ms). The native `Conv2d` takes
+seconds per train step: `--native-steps`.
 
 `--layers`: each layer shape of both networks alone, forward and forward + backward (the
 gradients of the input, weight and bias for a given output gradient), at both batches, for each
 `Conv2dFast` method and the native `Conv2d`.
 
-`--onednn`: runs each program's calls once with `ONEDNN_VERBOSE=1` in a child process and counts
-the oneDNN primitives they executed (a reference kernel shows as `ref`).
+`--onednn`: runs each program twice with `ONEDNN_VERBOSE=1` in a child process and counts the
+oneDNN primitives they executed (a reference kernel shows as `ref`).
 """
 
 from __future__ import annotations
@@ -168,7 +169,8 @@ def networks(args: argparse.Namespace) -> dict[str, Any]:
                     calls = args.native_steps if row.endswith("/train") else max(args.native_steps, 1) * 10
                 else:
                     calls = args.train_steps if row.endswith("/train") else args.act_calls
-                times.setdefault(row, {}).setdefault(form, []).append(_ms_per_call(fn, calls))
+                # compiled above; the native train step is not run again untimed (seconds a call)
+                times.setdefault(row, {}).setdefault(form, []).append(_ms_per_call(fn, calls, warm=form != "native"))
         if args.python:
             result = run_torch(args.python, args)
             torch_info = {"torch": result["torch"], "threads": result["threads"]}
