@@ -17,6 +17,7 @@ BENCHMARKS = {
     "graphs": "rlstack.bench.graphs",
     "peer": "rlstack.bench.peer",
     "runtime": "rlstack.bench.runtime",
+    "conv": "rlstack.bench.conv",
 }
 
 
