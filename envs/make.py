@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rlstack.envs.vectorized import SAME_STEP_ADAPTERS, native_entry_point, rejected_kwargs
@@ -91,6 +92,74 @@ def resolve_wrappers(entries: Sequence[str | Wrapper]) -> list[Wrapper]:
     return wrappers
 
 
+ENV_FAMILIES: dict[str, tuple[str, str]] = {
+    "MinAtar/": ("minatar.gym", "minatar"),
+    "ALE/": ("ale_py", "atari"),
+}
+"""Id prefix -> (the module whose import registers those ids, the extra that installs it). Atari's
+`<Game>NoFrameskip-v4` ids (RL Baselines3 Zoo's) are ale_py's too."""
+
+
+def _register_family(name: str) -> None:
+    """Register the ids of the family `name` belongs to (MinAtar, Atari) if they are not yet."""
+    if name in gym.registry:
+        return
+    family = next((v for k, v in ENV_FAMILIES.items() if name.startswith(k)), None)
+    if family is None and name.endswith("NoFrameskip-v4"):
+        family = ENV_FAMILIES["ALE/"]
+    if family is None:
+        return
+    module, extra = family
+    failed = _import(module)
+    if failed:
+        raise EnvError(f"environment '{name}' needs the '{extra}' extra: pip install -e \".[{extra}]\" ({failed})")
+    if module == "minatar.gym":
+        importlib.import_module(module).register_envs()  # (its import alone registers nothing)
+
+
+def is_atari(name: str) -> bool:
+    """An ALE id: `ALE/<Game>-v5` or the Zoo's `<Game>NoFrameskip-v4`."""
+    return name.startswith("ALE/") or name.endswith("NoFrameskip-v4")
+
+
+class FireReset(gym.Wrapper):
+    """Press FIRE after every reset, for games that wait for it (Stable-Baselines3's
+    `FireResetEnv`; gymnasium has no such wrapper). After a lost life, the episodic-life wrapper of
+    training (`AtariPreprocessing(terminal_on_life_loss=True)`) ends the episode, so the next reset
+    presses it again."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.env.step(1)
+        if terminated or truncated:
+            obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def atari_preprocessing(env: gym.Env, training: bool) -> gym.Env:
+    """The standard Atari preprocessing (Mnih et al. 2015, as Stable-Baselines3's `AtariWrapper`
+    and CleanRL's `ppo_atari.py`) from gymnasium's wrappers: up to 30 no-op actions at reset, frame
+    skip 4 with the max of the last two frames, 84x84 grayscale uint8, FIRE at reset where the game
+    needs it, 4 frames stacked ([4, 84, 84]); for training only, a lost life ends the episode and
+    rewards are clipped to their sign. Evaluation plays whole games and reports the game's score."""
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                                          terminal_on_life_loss=training, grayscale_obs=True, scale_obs=False)
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireReset(env)
+    if training:
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+def _make(name: str, kwargs: dict[str, Any], render: dict[str, Any], training: bool) -> gym.Env:
+    """`gymnasium.make`, then a family's own preprocessing (Atari's)."""
+    if is_atari(name):
+        # the preprocessing skips frames itself; v5's default skip of 4 would skip 16
+        env = gym.make(name, **render, **{"frameskip": 1, **kwargs})
+        return atari_preprocessing(env, training)
+    return gym.make(name, **render, **kwargs)
+
+
 def _registered_id(env_id: str) -> str:
     """The registry id `env_id` names, importing the module of a `"module:Id"` id first (as
     gymnasium.make does); raises EnvError naming the id when the module or the id does not exist."""
@@ -103,6 +172,7 @@ def _registered_id(env_id: str) -> str:
         failed = _import(module)
         if failed:
             raise EnvError(f"environment id '{env_id}': could not import module '{module}': {failed}")
+    _register_family(name)
     if name in gym.registry:
         return name
     close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.6)
@@ -128,16 +198,17 @@ def _wrap(env: gym.Env, wrappers: Sequence[Wrapper], entries: Sequence[Any], env
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, render_mode: str | None = None, *,
-             imports: Sequence[str] = (), wrappers: Sequence[str | Wrapper] = ()) -> gym.Env:
+             imports: Sequence[str] = (), wrappers: Sequence[str | Wrapper] = (), training: bool = True) -> gym.Env:
     """One gymnasium env, `imports` (`env.imports`) imported before and `wrappers` (`env.wrappers`)
-    applied after it is made; raises EnvError with the reason when it cannot be made."""
+    applied after it is made; raises EnvError with the reason when it cannot be made. `training`:
+    an Atari game with training's preprocessing (`atari_preprocessing`), else evaluation's."""
     import_env_modules(imports)
     fns = resolve_wrappers(wrappers)
     name = _registered_id(env_id)
     # render_mode only when asked for, as the vector envs' copies are made: an env need not take it.
     render = {} if render_mode is None else {"render_mode": render_mode}
     try:
-        env = gym.make(name, **render, **(kwargs or {}))
+        env = _make(name, kwargs or {}, render, training)
     except gym.error.DependencyNotInstalled as err:
         raise EnvError(f"environment '{env_id}' needs an extra package: {err}") from None
     except TypeError as err:
@@ -153,7 +224,8 @@ implementation, `per_env` one env object per copy (SyncVectorEnv / AsyncVectorEn
 
 def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
                     kwargs: dict[str, Any] | None = None, vectorization: str = "auto", *,
-                    imports: Sequence[str] = (), wrappers: Sequence[str | Wrapper] = ()) -> gym.vector.VectorEnv:
+                    imports: Sequence[str] = (), wrappers: Sequence[str | Wrapper] = (),
+                    training: bool = True) -> gym.vector.VectorEnv:
     """`n_envs` copies of `env_id` (seed them with `envs.reset(seed=seed)`; per_env: env i gets seed + i,
     native: one generator for all copies). `imports` (`env.imports`) are imported first; `wrappers`
     (`env.wrappers`) wrap every copy, so they need one env object per copy: `auto` is then
@@ -165,7 +237,7 @@ def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
     """
     if vectorization not in VECTORIZATIONS:
         raise EnvError(f"'env.vectorization' is {vectorization!r}; valid values: {', '.join(VECTORIZATIONS)}")
-    make_env(env_id, kwargs, imports=imports, wrappers=wrappers).close()  # fail here, in this process, clearly
+    make_env(env_id, kwargs, imports=imports, wrappers=wrappers, training=training).close()  # fail here, clearly
     fns = resolve_wrappers(wrappers)
     name = _registered_id(env_id)  # a "module:Id" id's module is imported by now
     kwargs = kwargs or {}
@@ -197,7 +269,7 @@ def make_vector_env(env_id: str, n_envs: int, vector: str = "sync",
                            f"{', '.join(rejected)}{hint}")
 
     def factory():
-        return _wrap(gym.make(name, **kwargs), fns, wrappers, env_id)
+        return _wrap(_make(name, kwargs, {}, training), fns, wrappers, env_id)
 
     cls = SyncVectorEnv if vector == "sync" else AsyncVectorEnv
     envs = cls([factory] * n_envs, autoreset_mode=AutoresetMode.SAME_STEP)

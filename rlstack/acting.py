@@ -70,6 +70,8 @@ class Acting:
         self.cell, self.manifest, self.path = cell, manifest, path
         self.call = LeanCall(cell) if lean else cell
         self.obs_shape: tuple[int, ...] = tuple(int(d) for d in manifest["observation_space"]["shape"])
+        # uint8 frames for a conv encoder, float32 otherwise (artifacts before it: float32)
+        self.obs_dtype = np.dtype(manifest["inputs"].get("obs_dtype", "float32"))
         self.noise_kind = NoiseKind(manifest["noise"]["kind"])
         self.noise_dim = int(manifest["noise"]["dim"])
         self.batch_rows = int(manifest.get("batch_rows", 1))
@@ -110,13 +112,13 @@ class Acting:
         """
         if self._key is not None:
             self._follow()
-        obs = np.ascontiguousarray(obs, np.float32)
+        obs = np.ascontiguousarray(obs, self.obs_dtype)
         noise = np.ascontiguousarray(noise, np.float32)
         n = len(obs)
         size = max(n, rows or 0)
         size += -size % self.batch_rows
         if size > n:
-            obs = np.concatenate([obs, np.zeros((size - n, *obs.shape[1:]), np.float32)])
+            obs = np.concatenate([obs, np.zeros((size - n, *obs.shape[1:]), self.obs_dtype)])
             noise = np.concatenate([noise, np.zeros((size - n, *noise.shape[1:]), np.float32)])
         # from_numpy: the graph reads the arrays in place (the call returns after it ran)
         action, logp, value = (_numpy(x)[:n] for x in self.call(Tensor.from_numpy(obs), Tensor.from_numpy(noise)))
@@ -150,7 +152,7 @@ class Acting:
         them). `seed` fixes the noise, so a stochastic action is reproducible. Box actions are
         clipped to the action space unless `clip=False` (the raw sample is what `logp` refers to).
         """
-        obs = np.asarray(self._flat(obs), np.float32)
+        obs = np.asarray(self._flat(obs)).astype(self.obs_dtype, copy=False)
         single = obs.shape == self.obs_shape
         batch = obs[None] if single else obs
         if batch.ndim != len(self.obs_shape) + 1 or batch.shape[1:] != self.obs_shape:

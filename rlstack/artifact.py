@@ -30,7 +30,7 @@ from mindspore import Tensor, nn
 from rlstack.errors import RlstackError
 from rlstack.fsutil import atomic_directory, atomic_write_text, sha256_file
 from rlstack.network import BLOCK_ROWS, Network
-from rlstack.spaces import MaskedBox, flat_masked_space
+from rlstack.spaces import MaskedBox, flat_masked_space, obs_dtype_of
 
 GRAPH_FILE = "policy.mindir"
 MANIFEST_FILE = "manifest.json"
@@ -102,7 +102,10 @@ def interface(network: Network, obs_space: gym.Space, action_space: gym.Space) -
         "observation_space": space_to_dict(obs_space),
         "action_space": space_to_dict(action_space),
         "noise": {"kind": network.noise_kind.value, "dim": network.noise_dim},
-        "inputs": {"obs": [None, *obs_shape], "noise": [None, network.noise_dim]},
+        "inputs": {"obs": [None, *obs_shape], "noise": [None, network.noise_dim],
+                   "obs_dtype": obs_dtype_of(obs_space).name},
+        # the encoder before the heads, and for a conv encoder the convolutions' form it holds
+        "encoder": {"name": network.encoder_name, "conv_form": network.encoder.form},
         "outputs": ["action", "logp", "value"],
         # V(s) (state_value), max_a Q (max_q), min_i Q_i(s, a) (min_q), or zeros (none)
         "value": network.value_kind,
@@ -128,7 +131,7 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
     obs_shape = tuple(int(d) for d in flat_masked_space(obs_space).shape)  # a masked Dict enters flat
     try:
         with atomic_directory(policy_dir / name) as tmp:
-            ms.export(network, Tensor(shape=[None, *obs_shape], dtype=ms.float32),
+            ms.export(network, Tensor(shape=[None, *obs_shape], dtype=ms.uint8 if network.frames else ms.float32),
                       Tensor(shape=[None, network.noise_dim], dtype=ms.float32),
                       file_name=str(tmp / "policy"), file_format="MINDIR")
             graph = tmp / GRAPH_FILE

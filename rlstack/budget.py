@@ -26,7 +26,7 @@ import numpy as np
 from rlstack.collector import trajectory_specs
 from rlstack.config import Config, ConfigError, OffPolicyConfig
 from rlstack.envs import make_env
-from rlstack.spaces import mask_dim_of
+from rlstack.spaces import mask_dim_of, obs_dtype_of
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 FLOAT = 4  # float32, the dtype of every parameter and stored observation
@@ -123,12 +123,13 @@ def estimate(cfg: Config, obs_space: gym.Space, action_space: gym.Space) -> list
     """The big consumers of memory of a run of `cfg` on these (single-env) spaces, largest
     first. Pure arithmetic: nothing is allocated."""
     obs_dim = gym.spaces.flatdim(obs_space)  # a masked Dict is stored flat (rlstack/spaces.py)
+    obs_item = obs_dtype_of(obs_space).itemsize  # frames are stored as uint8
     discrete = isinstance(action_space, gym.spaces.Discrete)
     action_dim = int(action_space.n) if discrete else gym.spaces.flatdim(action_space)
-    chunk = _chunk_bytes(cfg, obs_dim, action_dim, discrete)
+    chunk = _chunk_bytes(cfg, obs_dim, action_dim, discrete, obs_item)
     needs = [_network_need(cfg, obs_dim, action_dim), _env_need(cfg), _evaluation_need(cfg, obs_space),
-             *_rollout_needs(cfg, chunk, obs_dim, action_dim, discrete),
-             *_replay_needs(cfg, obs_dim, action_dim, discrete), _activation_need(cfg)]
+             *_rollout_needs(cfg, chunk, obs_dim, action_dim, discrete, obs_item),
+             *_replay_needs(cfg, obs_dim, action_dim, discrete, obs_item), _activation_need(cfg)]
     if cfg.actors:
         per_actor = PROCESS_BYTES + cfg.env.n_envs * _env_bytes(cfg) + chunk
         needs.append(Need("the actor processes", (("actors", cfg.actors),), cfg.actors * per_actor, cfg.actors,
@@ -242,18 +243,20 @@ def _chunk_steps(cfg: Config) -> tuple[str, int] | None:
     return (f"train.{key}", getattr(cfg.train, key)) if hasattr(cfg.train, key) else None
 
 
-def _chunk_bytes(cfg: Config, obs_dim: int, action_dim: int, discrete: bool) -> int:
+def _chunk_bytes(cfg: Config, obs_dim: int, action_dim: int, discrete: bool, obs_item: int) -> int:
     """One collector chunk, as `rlstack.collector.trajectory_specs` lays it out (sizes multiplied
     here as Python ints: numpy's int64 product would wrap on hostile sizes)."""
     chunk = _chunk_steps(cfg)
     if chunk is None:
         return 0
     specs = trajectory_specs(chunk[1], cfg.env.n_envs, (obs_dim,), () if discrete else (action_dim,),
-                             "int32" if discrete else "float32", isinstance(cfg.train, OffPolicyConfig))
+                             "int32" if discrete else "float32", isinstance(cfg.train, OffPolicyConfig),
+                             "uint8" if obs_item == 1 else "float32")
     return sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize for s in specs)
 
 
-def _rollout_needs(cfg: Config, chunk: int, obs_dim: int, action_dim: int, discrete: bool) -> list[Need]:
+def _rollout_needs(cfg: Config, chunk: int, obs_dim: int, action_dim: int, discrete: bool,
+                   obs_item: int) -> list[Need]:
     """The collector's chunk; for an on-policy learner also its flattened copy with advantages
     (`rlstack.buffers.rollout_batch`), GAE's temporaries, the shuffled minibatch indices of every
     epoch (int64 permutations, then int32) and the variance pass of observation normalisation."""
@@ -262,7 +265,7 @@ def _rollout_needs(cfg: Config, chunk: int, obs_dim: int, action_dim: int, discr
         return []
     rows = steps[1] * cfg.env.n_envs
     if not isinstance(cfg.train, OffPolicyConfig):
-        obs_bytes, action_bytes = FLOAT * obs_dim, FLOAT * (1 if discrete else action_dim)
+        obs_bytes, action_bytes = obs_item * obs_dim, FLOAT * (1 if discrete else action_dim)
         epochs = getattr(cfg.train, "n_epochs", 1)
         normalize = 2 * obs_bytes if cfg.net.normalize_obs else 0
         # flat copy: obs, action, logp, value, adv, ret; GAE: reward + gamma V, done, adv, ret;
@@ -271,8 +274,9 @@ def _rollout_needs(cfg: Config, chunk: int, obs_dim: int, action_dim: int, discr
     return [Need("the rollout storage", (("env.n_envs", cfg.env.n_envs), steps), chunk, rows)]
 
 
-def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool) -> list[Need]:
-    """The replay buffer, as rlstack/replay.py stores a transition (obs and next_obs float32, the
+def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool, obs_item: int) -> list[Need]:
+    """The replay buffer, as rlstack/replay.py stores a transition (obs and next_obs float32 or
+    uint8 frames, the
     action, reward float32, terminated and truncated bool), and the K x B rows one update samples,
     gathered on the host and copied into Tensors (SAC adds two noise arrays); a search learner's
     replay of positions (`algorithms/alphazero.py`)."""
@@ -283,13 +287,15 @@ def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool) ->
                      tc.replay_positions * row, tc.replay_positions, detail=f"{row} B per position")]
     if not isinstance(tc, OffPolicyConfig):
         return []
-    transition = 2 * FLOAT * obs_dim + FLOAT * (1 if discrete else action_dim) + FLOAT + 1 + 1
+    transition = 2 * obs_item * obs_dim + FLOAT * (1 if discrete else action_dim) + FLOAT + 1 + 1
+    # sampled rows are gathered as stored, then packed as float32 columns for the update graph
+    packed = 2 * FLOAT * obs_dim + FLOAT * (1 if discrete else action_dim) + FLOAT + 1 + 1
     sampled = tc.gradient_steps * tc.batch_size
     return [Need("the replay buffer", (("train.buffer_size", tc.buffer_size),), tc.buffer_size * transition,
                  tc.buffer_size, detail=f"{transition} B per transition"),
             Need("the sampled minibatches of one update",
                  (("train.gradient_steps", tc.gradient_steps), ("train.batch_size", tc.batch_size)),
-                 sampled * 2 * (transition + 6 + 2 * FLOAT * action_dim), sampled)]
+                 sampled * (transition + packed + 12 + 4 * FLOAT * action_dim), sampled)]
 
 
 def _activation_need(cfg: Config) -> Need:

@@ -47,7 +47,7 @@ class ArraySpec:
 class Trajectory(NamedTuple):
     """`steps` vector steps of one collector ([T, N] = [steps, n_envs]), as the learner receives them."""
 
-    obs: np.ndarray  # [T, N, *obs_shape] float32, what the policy saw
+    obs: np.ndarray  # [T, N, *obs_shape] float32 (uint8 frames), what the policy saw
     action: np.ndarray  # [T, N] int32 or [T, N, d] float32: on-policy the raw graph output (logp
     # refers to it), off-policy the action the env received (Box samples clipped)
     logp: np.ndarray  # [T, N] behaviour log-probability (0 for uniform exploration)
@@ -91,18 +91,19 @@ class Trajectory(NamedTuple):
 
 
 def trajectory_specs(steps: int, n_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
-                     action_dtype: str, off_policy: bool) -> tuple[ArraySpec, ...]:
-    """The arrays of one chunk (`next_obs` only for off-policy learners)."""
+                     action_dtype: str, off_policy: bool, obs_dtype: str = "float32") -> tuple[ArraySpec, ...]:
+    """The arrays of one chunk (`next_obs` only for off-policy learners); observations in
+    `obs_dtype` (`rlstack.spaces.obs_dtype_of`: uint8 frames)."""
     t, n = steps, n_envs
-    specs = [ArraySpec("obs", (t, n, *obs_shape), "float32"),
+    specs = [ArraySpec("obs", (t, n, *obs_shape), obs_dtype),
              ArraySpec("action", (t, n, *action_shape), action_dtype),
              ArraySpec("logp", (t, n), "float32"), ArraySpec("value", (t, n), "float32"),
              ArraySpec("reward", (t, n), "float32"), ArraySpec("terminated", (t, n), "bool"),
              ArraySpec("truncated", (t, n), "bool"), ArraySpec("final_value", (t, n), "float32"),
-             ArraySpec("version", (t,), "int64"), ArraySpec("last_obs", (n, *obs_shape), "float32"),
+             ArraySpec("version", (t,), "int64"), ArraySpec("last_obs", (n, *obs_shape), obs_dtype),
              ArraySpec("last_value", (n,), "float32")]
     if off_policy:
-        specs.append(ArraySpec("next_obs", (t, n, *obs_shape), "float32"))
+        specs.append(ArraySpec("next_obs", (t, n, *obs_shape), obs_dtype))
     return tuple(specs)
 
 
@@ -193,7 +194,7 @@ class Collector:
                 cut = truncated & ~terminated
                 if cut.any() and not uniform:
                     # Time-limit truncation is not a terminal state: the learner bootstraps from it.
-                    final = np.stack(info["final_obs"][cut]).astype(np.float32)
+                    final = np.stack(info["final_obs"][cut])
                     final_value[cut] = acting(final, acting.noise(len(final), None)).value
             self.ep_return += reward
             self.ep_length += 1

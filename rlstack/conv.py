@@ -295,19 +295,25 @@ class InputMajorDense(nn.Cell):
 
 
 class ConvStack(nn.Cell):
-    """[B, C, H, W] -> convolutions, each followed by ReLU -> flattened in (C, H, W) order as
+    """[B, C, H, W] (or [B, H, W, C] with `in_format` NHWC; `in_shape` is (C, H, W) either way) ->
+    convolutions, each followed by ReLU -> flattened in (C, H, W) order as
     `nn.Flatten` after `nn.Conv2d` does, whichever form -> with `dense`, an `InputMajorDense` of
     that width and ReLU (Nature CNN's features) -> [B, out_dim].
 
     `layers` are (out_channels, kernel_size, stride) triples. With the `matmul` form the first
-    layer reads NCHW and every layer writes NHWC (the next reads it as it is); one `Transpose`
+    layer reads `in_format` and every layer writes NHWC (the next reads it as it is); one `Transpose`
     before the flatten restores (C, H, W) order. Both forms have the same parameters.
     """
 
     def __init__(self, in_shape: Sequence[int], layers: Sequence[tuple[int, int, int]], form: str = "auto",
-                 weight_init=None, bias_init=None, method: str = "auto", dense: int | None = None):
+                 weight_init=None, bias_init=None, method: str = "auto", dense: int | None = None,
+                 in_format: str = "NCHW"):
         super().__init__()
         self.form = resolve_form(form)
+        if in_format not in FORMATS:
+            raise ValueError(f"in_format must be one of {FORMATS}, got {in_format!r}")
+        # The native layer reads NCHW only: NHWC input is transposed first on that form.
+        self.transpose_in = self.form == "native" and in_format == "NHWC"
         channels, height, width = in_shape
         convs = []
         for i, (out_channels, kernel_size, stride) in enumerate(layers):
@@ -321,7 +327,7 @@ class ConvStack(nn.Cell):
             else:
                 conv = Conv2dFast(channels, out_channels, kernel_size, stride, weight_init, bias_init,
                                   method=method if isinstance(method, str) else method[i],
-                                  in_format="NCHW" if i == 0 else "NHWC", out_format="NHWC")
+                                  in_format=in_format if i == 0 else "NHWC", out_format="NHWC")
                 height, width = conv.output_size(height, width)
             convs.append(conv)
             channels = out_channels
@@ -334,6 +340,8 @@ class ConvStack(nn.Cell):
             self.out_dim = dense
 
     def construct(self, x):
+        if self.transpose_in:
+            x = ops.transpose(x, (0, 3, 1, 2))
         for conv in self.convs:
             x = ops.relu(conv(x))
         if self.form == "matmul":

@@ -1,14 +1,29 @@
 """Encoders of the network module (`rlstack.network`): what turns an observation into the feature
-vector every head reads. The observation statistics (`ObsNormalizer`) sit before the encoder, inside
-the graph, so every exported graph carries them."""
+vector every head reads, shared by all of them.
+
+- `FlatEncoder` (`mlp`): the flat observation after its running statistics (`ObsNormalizer`,
+  inside the graph, so every exported graph carries them) is the feature vector.
+- `ConvEncoder` (`nature_cnn`, `minatar_cnn`): frames (uint8 pixels, or MinAtar's bool planes
+  stored as uint8) scaled inside the graph, then convolutions and a dense layer with ReLU
+  (`rlstack.conv.ConvStack`: the fast CPU form, MindSpore's `nn.Conv2d` on Ascend and GPU). The
+  exported graph takes the environment's own frames.
+
+`net.encoder: auto` (`resolve_encoder`) takes a conv encoder for image observations, `mlp` for
+every other.
+"""
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Orthogonal, Zero
 
-from rlstack.spaces import flat_masked_space
+from rlstack.conv import ConvStack
+from rlstack.spaces import flat_masked_space, image_layout, is_image_space
 
 
 def obs_dim_of(space: gym.Space) -> int:
@@ -43,17 +58,91 @@ class ObsNormalizer(nn.Cell):
 
 
 class FlatEncoder(nn.Cell):
-    """The flat (normalised) observation is the feature vector: no parameters, no kernels. An
-    encoder takes the normalised flat observation [B, obs_dim] and returns features [B, out_dim];
-    one with parameters is shared by every head (`Network.encoder_params`)."""
+    """The flat (normalised) observation is the feature vector: no parameters, no kernels.
 
-    def __init__(self, obs_dim: int):
+    Every encoder is built as `cls(obs_space, spec)` and has `out_dim`, the width of its features.
+    One with `frames = False` takes the normalised flat observation [B, obs_dim] float32; one with
+    `frames = True` the observation as the environment gives it, [B, *obs_shape] uint8. One with
+    parameters is shared by every head (`Network.encoder_params`)."""
+
+    frames = False
+    form = None
+    """A conv encoder's convolutions as built (`rlstack.conv.FORMS`); None: no convolutions."""
+
+    def __init__(self, obs_space: gym.Space, spec=None):
         super().__init__()
-        self.out_dim = obs_dim
+        self.out_dim = obs_dim_of(obs_space)
 
     def construct(self, x):
         return x
 
 
-ENCODERS = {"mlp": FlatEncoder}
-"""`net.encoder` -> the encoder class, built as `cls(obs_dim)` (the heads' MLPs follow it)."""
+class ConvEncoder(nn.Cell):
+    """Frames [B, *obs_shape] uint8 -> float32 scaled to [0, 1] (pixels / 255; bool planes as they
+    are) -> `ConvStack` (ReLU after every layer, the dense layer included) -> [B, dense]. Channels
+    first or last as the space has them (`rlstack.spaces.image_layout`); the first convolution
+    reads either layout. With `spec.ortho_init`, orthogonal weights of gain sqrt(2) and zero
+    biases, as Stable-Baselines3 initialises its `NatureCNN` in `CnnPolicy`."""
+
+    frames = True
+    LAYERS: tuple[tuple[int, int, int], ...] = ()
+    """(out_channels, kernel, stride) of each convolution."""
+    DENSE = 0
+    """Width of the dense layer after them: the features' width."""
+
+    def __init__(self, obs_space: gym.Space, spec=None):
+        super().__init__()
+        if not is_image_space(obs_space):
+            raise ValueError(f"encoder '{self.NAME}' needs image observations (a 3-d Box of uint8 or bool, "
+                             f"[H, W, C] or [C, H, W]); got {obs_space}")
+        (c, h, w), channels_last = image_layout(obs_space)
+        self.scale = 1.0 / 255.0 if np.dtype(obs_space.dtype) == np.uint8 else 1.0
+        ortho = spec is None or spec.ortho_init
+        weight_init = Orthogonal(gain=math.sqrt(2.0)) if ortho else None
+        self.stack = ConvStack((c, h, w), self.LAYERS, getattr(spec, "conv_form", "auto"), weight_init,
+                               Zero() if ortho else None, dense=self.DENSE,
+                               in_format="NHWC" if channels_last else "NCHW")
+        self.out_dim = self.stack.out_dim
+        self.form = self.stack.form
+
+    def construct(self, obs):
+        x = obs.astype(ms.float32)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return self.stack(x)
+
+
+class NatureCNN(ConvEncoder):
+    """Mnih et al. 2015 (Stable-Baselines3's `NatureCNN`, CleanRL's `ppo_atari`): 32x8x8/4,
+    64x4x4/2, 64x3x3/1, dense 512; for 84x84 frames (at least 36x36)."""
+
+    NAME = "nature_cnn"
+    LAYERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+    DENSE = 512
+
+
+class MinAtarCNN(ConvEncoder):
+    """Young and Tian 2019 (MinAtar's DQN and actor-critic network): 16x3x3/1, dense 128."""
+
+    NAME = "minatar_cnn"
+    LAYERS = ((16, 3, 1),)
+    DENSE = 128
+
+
+ENCODERS: dict[str, type[nn.Cell]] = {"mlp": FlatEncoder, "nature_cnn": NatureCNN, "minatar_cnn": MinAtarCNN}
+"""`net.encoder` -> the encoder class, built as `cls(obs_space, spec)` (the heads' MLPs follow it)."""
+
+NATURE_MIN_SIZE = 36
+"""The smallest frame side Nature CNN's three layers leave a 1x1 output on."""
+
+
+def resolve_encoder(name: str, obs_space: gym.Space) -> str:
+    """`net.encoder` as built: `auto` is `nature_cnn` for image observations of at least
+    `NATURE_MIN_SIZE` pixels a side (Atari's 84x84), `minatar_cnn` for smaller ones (MinAtar's
+    10x10), `mlp` for every other observation; any other name as it is."""
+    if name != "auto":
+        return name
+    if not is_image_space(obs_space):
+        return "mlp"
+    (_, h, w), _ = image_layout(obs_space)
+    return "nature_cnn" if min(h, w) >= NATURE_MIN_SIZE else "minatar_cnn"

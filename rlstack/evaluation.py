@@ -19,7 +19,7 @@ from rlstack.logger import mean_or_none
 def evaluate(network: Any, cfg: Config, episodes: int, seed: int) -> np.ndarray:
     """Deterministic returns of `episodes` episodes, run side by side (one graph call per step)."""
     envs = make_vector_env(cfg.env.id, episodes, "sync", cfg.env.kwargs, cfg.env.vectorization,
-                           imports=cfg.env.imports, wrappers=cfg.env.wrappers)
+                           imports=cfg.env.imports, wrappers=cfg.env.wrappers, training=False)
     acting = Acting.of_network(network, envs.single_observation_space, envs.single_action_space)
     obs, _ = envs.reset(seed=seed)
     returns = np.zeros(episodes)

@@ -26,7 +26,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from rlstack.encoders import ENCODERS, ObsNormalizer, obs_dim_of
+from rlstack.encoders import ENCODERS, ObsNormalizer, obs_dim_of, resolve_encoder
 from rlstack.heads import (
     CategoricalHead,
     GaussianHead,
@@ -77,7 +77,11 @@ class NetSpec:
     """`parity: strict`: every row's output is bitwise independent of the batch it is computed in,
     provided every call has a whole number of `BLOCK_ROWS` rows (see `BatchInvariantDense`)."""
     encoder: str = "mlp"
-    """The encoder before the heads (`rlstack.encoders.ENCODERS`); `mlp`: the flat observation."""
+    """The encoder before the heads (`rlstack.encoders.ENCODERS`); `mlp`: the flat observation;
+    `auto`: chosen by the observation space (`rlstack.encoders.resolve_encoder`)."""
+    conv_form: str = "auto"
+    """A conv encoder's convolutions (`rlstack.conv.FORMS`): `auto` is the fast CPU form on the CPU
+    and MindSpore's `nn.Conv2d` on Ascend and GPU."""
     act_value: bool = True
     """`act` returns a value: V(s), max_a Q(s, a) or min_i Q_i(s, a). False: zeros. SAC acts
     without it: its twin critics cost most of its acting call (docs/PERFORMANCE.md#sac-acting)
@@ -87,7 +91,8 @@ class NetSpec:
     def of(cls, net: Any, **heads: Any) -> NetSpec:
         """The `net:` config section's settings (`rlstack.config.NetConfig`) plus an algorithm's heads."""
         return cls(hidden=tuple(net.hidden), activation=net.activation, normalize_obs=net.normalize_obs,
-                   obs_clip=net.obs_clip, log_std_init=net.log_std_init, ortho_init=net.ortho_init, **heads)
+                   obs_clip=net.obs_clip, log_std_init=net.log_std_init, ortho_init=net.ortho_init,
+                   encoder=net.encoder, conv_form=net.conv_form, **heads)
 
 
 def copy_parameters(source: nn.Cell, destination: nn.Cell) -> None:
@@ -105,6 +110,7 @@ class Network(nn.Cell):
         super().__init__()
         self.spec = spec
         self.obs_dim = obs_dim_of(obs_space)
+        self.obs_shape = tuple(int(d) for d in obs_space.shape) if obs_space.shape else (self.obs_dim,)
         # Masked observations: the last mask_dim entries of the flat obs are the legal-move mask.
         self.mask_dim = mask_dim_of(obs_space)
         self.masked = self.mask_dim > 0
@@ -115,6 +121,7 @@ class Network(nn.Cell):
         self.action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.policy_kind = PolicyKind(spec.policy)
         self.q_kind = QKind(spec.q)
+        self.encoder_name = resolve_encoder(spec.encoder, obs_space)
         self._check_heads()
         # Plain constants for the graph compiler to branch on (it folds them at compile time).
         self.kind = self.policy_kind.value
@@ -130,7 +137,10 @@ class Network(nn.Cell):
             self.action_half = Tensor((high - low) / 2 if bounded else np.ones_like(low))
 
         self.normalizer = ObsNormalizer(self.obs_dim, spec.obs_clip, spec.normalize_obs)
-        self.encoder = ENCODERS[spec.encoder](self.obs_dim)
+        self.encoder = ENCODERS[self.encoder_name](obs_space, spec)
+        # Frames enter the encoder as the env gives them (it scales them); flat observations
+        # after their statistics. A constant the graph compiler folds.
+        self.frames = bool(self.encoder.frames)
         features = self.encoder.out_dim
         # (built in this order: the layers' initial values are drawn in it)
         if self.policy_kind == PolicyKind.CATEGORICAL:
@@ -162,8 +172,11 @@ class Network(nn.Cell):
             raise ValueError("Q(s, a) critics need a Box action space")
         if self.policy_kind == PolicyKind.NONE and self.q_kind != QKind.DISCRETE:
             raise ValueError("a network without a policy head acts greedily and needs discrete Q-values")
-        if self.spec.encoder not in ENCODERS:
-            raise ValueError(f"unknown encoder '{self.spec.encoder}'; valid: {', '.join(ENCODERS)}")
+        if self.encoder_name not in ENCODERS:
+            raise ValueError(f"unknown encoder '{self.encoder_name}'; valid: auto, {', '.join(ENCODERS)}")
+        if self.spec.normalize_obs and ENCODERS[self.encoder_name].frames:
+            raise ValueError(f"net.normalize_obs normalises flat observations; encoder '{self.encoder_name}' "
+                             "scales its frames itself (set net.normalize_obs: false)")
 
     # ----- what callers outside the graph need to know --------------------------------------
 
@@ -202,8 +215,10 @@ class Network(nn.Cell):
     # ----- graph pieces ------------------------------------------------------------------------
 
     def features(self, obs):
-        """[B, *obs_shape] -> the encoder's features [B, encoder.out_dim] float32 (after the
-        observation statistics)."""
+        """[B, *obs_shape] -> the encoder's features [B, encoder.out_dim] float32 (frames as they
+        are, flat observations after their statistics)."""
+        if self.frames:  # (the learners' minibatches carry them flat, as float32 columns)
+            return self.encoder(obs.reshape(obs.shape[0], *self.obs_shape))
         return self.encoder(self.normalizer(obs.reshape(obs.shape[0], -1).astype(ms.float32)))
 
     def state_value(self, x):
@@ -243,7 +258,7 @@ class Network(nn.Cell):
     # ----- the two public graphs ---------------------------------------------------------------
 
     def act(self, obs, noise):
-        """The acting graph: obs [B, ...] float32, noise [B, noise_dim] float32 ->
+        """The acting graph: obs [B, ...] float32 (uint8 frames for a conv encoder), noise [B, noise_dim] float32 ->
         (action [B] int32 or [B, d] float32, logp [B] float32, value [B] float32).
 
         Zero noise gives the deterministic action (argmax, mean, or greedy).

@@ -72,7 +72,7 @@ class RecentObs:
             return
         obs = obs.reshape(len(obs), -1)
         if self.rows is None:
-            self.rows = np.zeros((self.capacity, obs.shape[1]), np.float32)
+            self.rows = np.zeros((self.capacity, obs.shape[1]), obs.dtype if obs.dtype == np.uint8 else np.float32)
         obs = obs[-self.capacity:]
         at = np.arange(self.count, self.count + len(obs)) % self.capacity
         self.rows[at] = obs
@@ -108,11 +108,14 @@ def _identical(x: tuple[np.ndarray, ...], y: tuple[np.ndarray, ...]) -> bool:
 
 
 def sample_rows(recent: np.ndarray | None, rows: int, obs_shape: tuple[int, ...],
-                rng: np.random.Generator) -> np.ndarray:
-    """`rows` observations: the most recent ones (cycled if too few), else standard normal."""
+                rng: np.random.Generator, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """`rows` observations of `dtype`: the most recent ones (cycled if too few), else standard
+    normal (uniform bytes for uint8 frames)."""
     if recent is None or len(recent) == 0:
+        if np.dtype(dtype) == np.uint8:
+            return rng.integers(0, 256, (rows, *obs_shape), dtype=np.uint8)
         return rng.standard_normal((rows, *obs_shape)).astype(np.float32)
-    recent = np.asarray(recent, np.float32).reshape(len(recent), *obs_shape)
+    recent = np.asarray(recent, dtype).reshape(len(recent), *obs_shape)
     return recent[np.arange(len(recent) - rows, len(recent)) % len(recent)]
 
 

@@ -48,7 +48,7 @@ class Publisher:
         minibatch = int(getattr(self.cfg.train, "batch_size", rollout_batch))
         rows = parity_rows(rollout_batch, minibatch)
         rng = np.random.default_rng([self.cfg.seed, updates])  # not the training RNG
-        obs = sample_rows(self.recent_obs.get(), rows, policy.obs_shape, rng)
+        obs = sample_rows(self.recent_obs.get(), rows, policy.obs_shape, rng, policy.obs_dtype)
         live = Acting.of_network(self.network, self.obs_space, self.action_space)
         report = measure_parity(policy, live, obs, policy.noise(rows, rng),
                                 rollout_batch=rollout_batch, minibatch=minibatch)

@@ -91,7 +91,7 @@ def record(run_dir: str | Path, out: str | Path = "agent.gif", episodes: int = 3
     # rgb_array rendering draws off-screen; without this SDL (pygame) looks for a display and
     # complains about XDG_RUNTIME_DIR on headless machines. A value the user set wins.
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    env = make_env(env_id, kwargs, render_mode="rgb_array")
+    env = make_env(env_id, kwargs, render_mode="rgb_array", training=False)
     rng = np.random.default_rng(seed)
     frames: list[np.ndarray] = []
     returns, lengths = [], []

@@ -16,6 +16,8 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from rlstack.spaces import obs_dtype_of
+
 REPLAY_FILE = "replay.npz"
 """Name of the replay buffer's file inside a checkpoint directory."""
 
@@ -26,10 +28,10 @@ CHECKPOINT_REPLAY_MAX_BYTES = 128 * 2**20
 class ReplayBatch(NamedTuple):
     """Sampled transitions; every field has the leading shape of the sampled index array."""
 
-    obs: np.ndarray  # [..., *obs_shape] float32
+    obs: np.ndarray  # [..., *obs_shape] float32, or uint8 frames
     action: np.ndarray  # [...] int32 (Discrete) or [..., d] float32 (Box, env units)
     reward: np.ndarray  # [...] float32
-    next_obs: np.ndarray  # [..., *obs_shape] float32: the final obs when the episode ended here
+    next_obs: np.ndarray  # [..., *obs_shape] as obs: the final obs when the episode ended here
     terminated: np.ndarray  # [...] float32 1.0 when next_obs is terminal (no bootstrap)
     truncated: np.ndarray  # [...] float32 1.0 when a time limit cut the episode (bootstrap)
 
@@ -38,10 +40,10 @@ class ReplayBuffer:
     """Preallocated ring buffer of single transitions (a vector step adds `n_envs` rows)."""
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
-                 action_dtype: np.dtype | type):
+                 action_dtype: np.dtype | type, obs_dtype: np.dtype | type = np.float32):
         self.capacity = int(capacity)
-        self.obs = np.zeros((self.capacity, *obs_shape), np.float32)
-        self.next_obs = np.zeros((self.capacity, *obs_shape), np.float32)
+        self.obs = np.zeros((self.capacity, *obs_shape), obs_dtype)
+        self.next_obs = np.zeros((self.capacity, *obs_shape), obs_dtype)
         self.action = np.zeros((self.capacity, *action_shape), action_dtype)
         self.reward = np.zeros(self.capacity, np.float32)
         self.terminated = np.zeros(self.capacity, bool)
@@ -55,7 +57,7 @@ class ReplayBuffer:
     def for_spaces(cls, capacity: int, obs_space: gym.Space, action_space: gym.Space) -> ReplayBuffer:
         discrete = isinstance(action_space, gym.spaces.Discrete)
         return cls(capacity, obs_space.shape, () if discrete else action_space.shape,
-                   np.int32 if discrete else np.float32)
+                   np.int32 if discrete else np.float32, obs_dtype_of(obs_space))
 
     @property
     def bytes_per_transition(self) -> int:
@@ -122,10 +124,10 @@ class ReplayBuffer:
     def load(self, path: str | Path) -> None:
         with np.load(path) as data:
             if int(data["capacity"]) != self.capacity or data["obs"].shape[1:] != self.obs.shape[1:] \
-                    or data["action"].shape[1:] != self.action.shape[1:]:
+                    or data["obs"].dtype != self.obs.dtype or data["action"].shape[1:] != self.action.shape[1:]:
                 raise ValueError(f"{path}: replay buffer of capacity {int(data['capacity'])}, obs "
-                                 f"{data['obs'].shape[1:]}, action {data['action'].shape[1:]} does not fit "
-                                 f"capacity {self.capacity}, obs {self.obs.shape[1:]}, "
+                                 f"{data['obs'].shape[1:]} {data['obs'].dtype}, action {data['action'].shape[1:]} "
+                                 f"does not fit capacity {self.capacity}, obs {self.obs.shape[1:]} {self.obs.dtype}, "
                                  f"action {self.action.shape[1:]}")
             n = len(data["reward"])
             for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated"):

@@ -14,6 +14,7 @@ from rlstack import registry
 from rlstack.acting import Acting, weights_of
 from rlstack.collector import ActorSpec, ArraySpec, Collector, LocalSource, trajectory_specs
 from rlstack.config import Config
+from rlstack.spaces import obs_dtype_of
 
 
 def _replays(algo: registry.Algorithm) -> bool:
@@ -25,7 +26,7 @@ def chunk_specs(algo: registry.Algorithm, n_envs: int, obs_space: gym.Space,
                 action_space: gym.Space) -> tuple[ArraySpec, ...]:
     box = isinstance(action_space, gym.spaces.Box)
     return trajectory_specs(algo.chunk_steps, n_envs, tuple(obs_space.shape), tuple(action_space.shape),
-                            "float32" if box else "int32", _replays(algo))
+                            "float32" if box else "int32", _replays(algo), obs_dtype_of(obs_space).name)
 
 
 def exploration(algo: registry.Algorithm, counters: Any, cfg: Config) -> Callable[[int], bool]:

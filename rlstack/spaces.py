@@ -76,3 +76,27 @@ def mask_dim_of(space: gym.Space) -> int:
     """Length of the action mask carried by an observation space (0: no mask)."""
     space = flat_masked_space(space)
     return space.mask_dim if isinstance(space, MaskedBox) else 0
+
+
+def is_image_space(space: gym.Space) -> bool:
+    """A Box of 3-d frames: uint8 pixels ([H, W, C] or [C, H, W], Atari's stacked frames) or bool
+    planes (MinAtar's [10, 10, C])."""
+    return (isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+            and np.dtype(space.dtype) in (np.dtype(np.uint8), np.dtype(np.bool_)))
+
+
+def image_layout(space: gym.Space) -> tuple[tuple[int, int, int], bool]:
+    """((C, H, W), channels_last) of an image space: the smallest axis holds the channels, first or
+    last (Stable-Baselines3's `is_image_space_channels_first` rule)."""
+    if not is_image_space(space):
+        raise TypeError(f"{space} is not an image space (a 3-d Box of uint8 or bool)")
+    shape = tuple(int(d) for d in space.shape)
+    channels_last = int(np.argmin(shape)) != 0
+    c, h, w = (shape[2], shape[0], shape[1]) if channels_last else shape
+    return (c, h, w), channels_last
+
+
+def obs_dtype_of(space: gym.Space) -> np.dtype:
+    """The dtype observations are stored in and enter the acting graph as: uint8 for image spaces
+    (bool planes as 0/1), float32 for every other space (the graph scales frames itself)."""
+    return np.dtype(np.uint8) if is_image_space(space) else np.dtype(np.float32)

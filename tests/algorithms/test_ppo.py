@@ -1,5 +1,7 @@
 """PPO: the clipped surrogate against numpy, and CartPole solved from a fixed seed."""
 
+import dataclasses
+
 import gymnasium as gym
 import mindspore as ms
 import numpy as np
@@ -9,7 +11,7 @@ from mindspore import Tensor, nn, ops
 from rlstack.algorithms.ppo import PPO, Columns, PPOLoss, PPOStep, ValueLoss, surrogate_inputs
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import load_config
-from rlstack.encoders import ENCODERS
+from rlstack.encoders import ENCODERS, obs_dim_of
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.trainer import Trainer
 
@@ -63,10 +65,12 @@ def test_ppo_solves_cartpole_within_1e5_steps(tmp_path):
 class _DenseEncoder(nn.Cell):
     """An encoder with parameters (a conv encoder's place): one Dense + tanh, shared by both heads."""
 
-    def __init__(self, obs_dim: int):
+    frames, form = False, None
+
+    def __init__(self, obs_space, spec=None):
         super().__init__()
         self.out_dim = 8
-        self.dense = nn.Dense(obs_dim, self.out_dim)
+        self.dense = nn.Dense(obs_dim_of(obs_space), self.out_dim)
 
     def construct(self, x):
         return ops.tanh(self.dense(x))
@@ -83,18 +87,23 @@ class _First(nn.Cell):
         return self.loss(*args)[0]
 
 
-def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatch):
+@pytest.mark.parametrize("encoder", ["dense_test", "minatar_cnn"])
+def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatch, encoder):
     """PPO's step is two graphs (policy gradient, then value gradient and Adam): an encoder both
     heads read must get the gradient of the whole loss, value term included, as SB3's CnnPolicy
     trains its shared features extractor. With SGD at lr 1 and no clipping the step moves every
-    parameter by exactly minus its gradient."""
+    parameter by exactly minus its gradient. A test-only dense encoder on CartPole, and the MinAtar
+    conv encoder on MinAtar-shaped frames."""
     monkeypatch.setitem(ENCODERS, "dense_test", _DenseEncoder)
-    cfg = load_config(None, ["train.ent_coef=0.01", "train.max_grad_norm=1e9"])
-    env = gym.make("CartPole-v1")
-    network = Network(env.observation_space, env.action_space, NetSpec.of(cfg.net, policy=PolicyKind.CATEGORICAL,
-                                                                          encoder="dense_test"))
+    cfg = load_config(None, ["train.ent_coef=0.01", "train.max_grad_norm=1e9", "net.hidden=[16]"])
+    frames = encoder != "dense_test"
+    obs_space = gym.spaces.Box(False, True, (10, 10, 4), bool) if frames else gym.make("CartPole-v1").observation_space
+    spec = dataclasses.replace(NetSpec.of(cfg.net, policy=PolicyKind.CATEGORICAL), encoder=encoder)
+    network = Network(obs_space, gym.spaces.Discrete(2), spec)
     shared = network.encoder_params()
-    assert [p.name for p in shared] == ["encoder.dense.weight", "encoder.dense.bias"]
+    expected = (["encoder.stack.convs.0.weight", "encoder.stack.convs.0.bias", "encoder.stack.dense.weight",
+                 "encoder.stack.dense.bias"] if frames else ["encoder.dense.weight", "encoder.dense.bias"])
+    assert [p.name for p in shared] == expected
     policy, value = shared + network.pi.trainable_params(), network.vf.trainable_params()
     optimizer = nn.SGD(policy + value, learning_rate=1.0)
     columns = Columns(network.obs_dim, 1)
@@ -103,7 +112,7 @@ def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatc
 
     rng = np.random.default_rng(0)
     b = 64
-    obs = rng.standard_normal((b, 4)).astype(np.float32)
+    obs = (rng.integers(0, 2, (b, 10, 10, 4)) if frames else rng.standard_normal((b, 4))).astype(np.float32)
     action = rng.integers(0, 2, b).astype(np.int32)
     old_logp = np.log(rng.uniform(0.2, 0.8, b)).astype(np.float32)
     ret, old_value = rng.standard_normal(b).astype(np.float32), rng.standard_normal(b).astype(np.float32)

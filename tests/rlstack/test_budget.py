@@ -99,7 +99,7 @@ def test_the_estimate_grows_with_the_value():
 
 
 def test_replay_estimate_is_what_the_replay_buffer_allocates():
-    for config in ("dqn_cartpole", "sac_pendulum"):
+    for config in ("dqn_cartpole", "sac_pendulum", "dqn_minatar"):  # MinAtar's frames as uint8
         cfg = load_config(config)
         obs_space, action_space = budget.probe_spaces(cfg)
         per_transition = ReplayBuffer.for_spaces(1, obs_space, action_space).bytes_per_transition

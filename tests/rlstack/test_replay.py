@@ -116,3 +116,24 @@ def test_off_policy_loop_stores_final_obs_and_flags(tmp_path):
     continuing = ~truncated[:-1]
     np.testing.assert_array_equal(next_obs[:-1][continuing], obs[1:][continuing])
     assert not np.any(np.all(next_obs[:-1][~continuing] == obs[1:][~continuing], axis=-1))
+
+
+def test_frames_are_stored_as_uint8_and_come_back_as_stored(tmp_path):
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # Atari's stacked 84x84 frames
+    replay = ReplayBuffer.for_spaces(8, frames, gym.spaces.Discrete(4))
+    assert replay.obs.dtype == np.uint8 and replay.next_obs.dtype == np.uint8
+    assert replay.bytes_per_transition == 2 * 4 * 84 * 84 + 4 + 4 + 1 + 1
+    bools = gym.spaces.Box(False, True, (10, 10, 4), bool)  # MinAtar's planes
+    replay = ReplayBuffer.for_spaces(8, bools, gym.spaces.Discrete(3))
+    rng = np.random.default_rng(0)
+    obs, next_obs = rng.random((2, 2, 10, 10, 4)) < 0.5
+    replay.add(obs, np.array([0, 2]), np.ones(2, np.float32), next_obs, np.zeros(2, bool), np.zeros(2, bool))
+    batch = replay.gather(np.array([0, 1]))
+    assert batch.obs.dtype == np.uint8 and np.array_equal(batch.obs, obs) and np.array_equal(batch.next_obs, next_obs)
+    replay.save(tmp_path / "replay.npz")
+    again = ReplayBuffer.for_spaces(8, bools, gym.spaces.Discrete(3))
+    again.load(tmp_path / "replay.npz")
+    assert np.array_equal(again.obs, replay.obs)
+    floats = ReplayBuffer(8, (10, 10, 4), (), np.int32)  # a buffer of float32 observations refuses it
+    with pytest.raises(ValueError, match="uint8"):
+        floats.load(tmp_path / "replay.npz")
