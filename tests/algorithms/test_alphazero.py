@@ -60,16 +60,16 @@ def test_replay_samples_each_position_in_one_of_the_boards_symmetries():
 
 
 # ----- learning -----------------------------------------------------------------------------------
-# configs/alphazero_tictactoe.yaml as it ships (40k positions, ~4,500 self-play games of 32
-# simulations per move). `python -m rlstack.bench seeds --runs alphazero_tictactoe` trains it
-# from other seeds.
+# configs/alphazero_tictactoe.yaml at half its budget (20k positions, ~2,500 self-play games of 32
+# simulations per move); seeds 0-4 pass there (docs/PERFORMANCE.md#learning-tests-budgets).
+# `python -m rlstack.bench seeds --runs alphazero_tictactoe` trains it from other seeds.
 
 @pytest.mark.learning
 @pytest.mark.timeout(900)
 def test_alphazero_tictactoe_never_loses_to_perfect_play_with_or_without_search(tmp_path):
     run = LEARNING_RUNS["alphazero_tictactoe"]
     summary = run.train(0, tmp_path / "run")
-    assert summary["total_steps"] >= 40_000 and summary["updates"] >= 40
+    assert summary["total_steps"] >= 20_000 and summary["updates"] >= 30
     # The final evaluation played every line of perfect play with the searching agent too.
     search = summary["selfplay/search"]
     assert search["simulations"] == 32 and search["vs_every_perfect_line"]["losses"] == 0

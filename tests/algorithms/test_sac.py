@@ -227,8 +227,9 @@ def test_zoo_hyperparameters_in_the_configs():
 
 
 @pytest.mark.learning
-def test_sac_solves_pendulum_within_2e4_steps(tmp_path):
-    # The Zoo config at half its 2e4-step budget (`python -m rlstack.bench sac` runs the whole budget).
+def test_sac_solves_pendulum_within_5e3_steps(tmp_path):
+    # The Zoo config at a quarter of its 2e4-step budget (`python -m rlstack.bench sac` runs the whole
+    # budget); seeds 0-4 end at -111 to -137 there (docs/PERFORMANCE.md#learning-tests-budgets).
     summary = LEARNING_RUNS["sac"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
-    assert summary["total_steps"] == 10_000
+    assert summary["total_steps"] == 5_000
     assert summary["eval/mean_return"] >= -200, summary["eval/returns"]
