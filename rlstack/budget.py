@@ -25,8 +25,9 @@ import numpy as np
 
 from rlstack.collector import trajectory_specs
 from rlstack.config import Config, ConfigError, OffPolicyConfig
+from rlstack.encoders import encoder_size
 from rlstack.envs import make_env
-from rlstack.spaces import mask_dim_of, obs_dtype_of
+from rlstack.spaces import flat_masked_space, mask_dim_of, obs_dtype_of
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 FLOAT = 4  # float32, the dtype of every parameter and stored observation
@@ -127,9 +128,10 @@ def estimate(cfg: Config, obs_space: gym.Space, action_space: gym.Space) -> list
     discrete = isinstance(action_space, gym.spaces.Discrete)
     action_dim = int(action_space.n) if discrete else gym.spaces.flatdim(action_space)
     chunk = _chunk_bytes(cfg, obs_dim, action_dim, discrete, obs_item)
-    needs = [_network_need(cfg, obs_dim, action_dim), _env_need(cfg), _evaluation_need(cfg, obs_space),
+    encoder = encoder_size(cfg.net.encoder, flat_masked_space(obs_space))
+    needs = [_network_need(cfg, encoder, action_dim), _env_need(cfg), _evaluation_need(cfg, obs_space),
              *_rollout_needs(cfg, chunk, obs_dim, action_dim, discrete, obs_item),
-             *_replay_needs(cfg, obs_dim, action_dim, discrete, obs_item), _activation_need(cfg)]
+             *_replay_needs(cfg, obs_dim, action_dim, discrete, obs_item), _activation_need(cfg, encoder[2])]
     if cfg.actors:
         per_actor = PROCESS_BYTES + cfg.env.n_envs * _env_bytes(cfg) + chunk
         needs.append(Need("the actor processes", (("actors", cfg.actors),), cfg.actors * per_actor, cfg.actors,
@@ -206,12 +208,16 @@ def human(nbytes: float) -> str:
 
 # ----- the consumers ----------------------------------------------------------------------------
 
-def _network_need(cfg: Config, obs_dim: int, action_dim: int) -> Need:
-    trained, target = cfg.train.network_params(cfg.net.hidden, obs_dim, action_dim)  # the algorithm's own count
+def _network_need(cfg: Config, encoder: tuple[int, int, int], action_dim: int) -> Need:
+    """The heads on the encoder's features (the algorithm's own count) and the encoder they share
+    (in the target network too, if the algorithm keeps one)."""
+    encoder_params, features, _ = encoder
+    trained, target = cfg.train.network_params(cfg.net.hidden, features, action_dim)
+    trained, target = trained + encoder_params, target + (encoder_params if target else 0)
     hidden = list(cfg.net.hidden)
     critics = (("train.n_critics", cfg.train.n_critics),) if hasattr(cfg.train, "n_critics") else ()
     return Need("the networks' parameters, gradients and Adam state", (("net.hidden", hidden), *critics),
-                FLOAT * (TRAINED_COPIES * trained + TARGET_COPIES * target), max(hidden),
+                FLOAT * (TRAINED_COPIES * trained + TARGET_COPIES * target), max(hidden, default=features),
                 power=2 if len(hidden) > 1 else 1)
 
 
@@ -298,9 +304,10 @@ def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool, ob
                  sampled * (transition + packed + 12 + 4 * FLOAT * action_dim), sampled)]
 
 
-def _activation_need(cfg: Config) -> Need:
-    """The hidden activations of the largest graph call: a minibatch step, acting on every env
-    at once, the evaluation, or (PPO's `is_clip`) the learner's log-probabilities of a whole rollout."""
+def _activation_need(cfg: Config, encoder_activations: int) -> Need:
+    """The hidden activations of the largest graph call (a conv encoder's included): a minibatch
+    step, acting on every env at once, the evaluation, or (PPO's `is_clip`) the learner's
+    log-probabilities of a whole rollout."""
     tc, n_envs, hidden = cfg.train, cfg.env.n_envs, list(cfg.net.hidden)
     calls = [(("env.n_envs", n_envs),), (("env.eval_episodes", cfg.env.eval_episodes),)]
     if hasattr(tc, "batch_size"):
@@ -308,8 +315,10 @@ def _activation_need(cfg: Config) -> Need:
     if getattr(tc, "is_clip", None) is not None and hasattr(tc, "n_steps"):
         calls.append((("env.n_envs", n_envs), ("train.n_steps", tc.n_steps)))
     rows, keys = max((math.prod(value for _, value in keys), keys) for keys in calls)
-    return Need("the activations of one graph call", keys, rows * sum(hidden) * FLOAT * ACTIVATION_COPIES, rows,
-                detail=f"{rows:,} rows through net.hidden={hidden}")
+    width = sum(hidden) + encoder_activations
+    return Need("the activations of one graph call", keys, rows * width * FLOAT * ACTIVATION_COPIES, rows,
+                detail=f"{rows:,} rows through net.hidden={hidden}"
+                + (" after the conv encoder" if encoder_activations else ""))
 
 
 # ----- checks and the refusal --------------------------------------------------------------------
@@ -317,8 +326,6 @@ def _activation_need(cfg: Config) -> Need:
 def _check_positive(cfg: Config) -> None:
     """Sizes the estimate multiplies must be positive: nothing else checks `net.hidden`, or PPO's
     `n_steps` and `n_epochs` (a rollout of 0 rows passes its divisibility check)."""
-    if not cfg.net.hidden:
-        raise ConfigError("'net.hidden' needs at least one layer size, e.g. [64, 64]")
     sizes = [(f"net.hidden[{i}]", width) for i, width in enumerate(cfg.net.hidden)]
     sizes += [(f"train.{key}", getattr(cfg.train, key)) for key in ("n_steps", "n_epochs") if hasattr(cfg.train, key)]
     for key, value in sizes:

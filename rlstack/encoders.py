@@ -136,6 +136,22 @@ NATURE_MIN_SIZE = 36
 """The smallest frame side Nature CNN's three layers leave a 1x1 output on."""
 
 
+def encoder_size(name: str, obs_space: gym.Space) -> tuple[int, int, int]:
+    """(parameters, features' width, activations per row) of encoder `name` on `obs_space`,
+    without building it (`rlstack/budget.py`'s estimate)."""
+    name = resolve_encoder(name, obs_space)
+    cls = ENCODERS.get(name)
+    if cls is None or not issubclass(cls, ConvEncoder):
+        return 0, obs_dim_of(obs_space), 0
+    (c, h, w), _ = image_layout(obs_space)
+    params, activations = 0, c * h * w  # the scaled float32 frames
+    for out, k, s in cls.LAYERS:
+        params += out * c * k * k + out
+        c, h, w = out, (h - k) // s + 1, (w - k) // s + 1
+        activations += c * h * w
+    return params + (c * h * w + 1) * cls.DENSE, cls.DENSE, activations + cls.DENSE
+
+
 def resolve_encoder(name: str, obs_space: gym.Space) -> str:
     """`net.encoder` as built: `auto` is `nature_cnn` for image observations of at least
     `NATURE_MIN_SIZE` pixels a side (Atari's 84x84), `minatar_cnn` for smaller ones (MinAtar's

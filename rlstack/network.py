@@ -76,7 +76,7 @@ class NetSpec:
     batch_invariant: bool = False
     """`parity: strict`: every row's output is bitwise independent of the batch it is computed in,
     provided every call has a whole number of `BLOCK_ROWS` rows (see `BatchInvariantDense`)."""
-    encoder: str = "mlp"
+    encoder: str = "auto"
     """The encoder before the heads (`rlstack.encoders.ENCODERS`); `mlp`: the flat observation;
     `auto`: chosen by the observation space (`rlstack.encoders.resolve_encoder`)."""
     conv_form: str = "auto"

@@ -35,6 +35,7 @@ from rlstack.serving.batcher import Batcher, ServedPolicy, bucket_sizes
 from rlstack.serving.metrics import ServeMetrics
 from rlstack.serving.routes import (
     FLOAT32_MAX,
+    NPY,
     ROUTES,
     BadInput,
     act,
@@ -221,7 +222,8 @@ def _expected(request: Request) -> str | None:
     server: ServerState | None = getattr(request.app.state, "server", None)
     if server is None:
         return None
-    return expected_obs(server.batcher.served.policy.obs_shape, server.settings.max_rows)
+    policy = server.batcher.served.policy
+    return expected_obs(policy.obs_shape, server.settings.max_rows, policy.obs_dtype)
 
 
 async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -247,9 +249,11 @@ def _array_schema(shape: list[int], item: dict[str, Any]) -> dict[str, Any]:
 def _policy_schemas(policy: Policy, max_rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
     # Beyond float32's range a number would be inf in the graph; the server refuses it (422).
     number = {"type": "number", "format": "float", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX}
-    one = _array_schema(list(policy.obs_shape), number)
+    frames = policy.obs_dtype == np.uint8
+    entry = {"type": "integer", "minimum": 0, "maximum": 255} if frames else number
+    one = _array_schema(list(policy.obs_shape), entry)
     obs = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1, "maxItems": max_rows}],
-           "description": f"One observation of shape {list(policy.obs_shape)} (float32) or a batch "
+           "description": f"One observation of shape {list(policy.obs_shape)} ({policy.obs_dtype.name}) or a batch "
                           f"[B, {', '.join(map(str, policy.obs_shape))}] with 1 <= B <= {max_rows}."}
     space = policy.manifest["action_space"]
     if space["type"] == "Discrete":
@@ -261,6 +265,21 @@ def _policy_schemas(policy: Policy, max_rows: int) -> tuple[dict[str, Any], dict
     action = {"anyOf": [single, {"type": "array", "items": single}],
               "description": f"The action: {what} (a list of them for a batch)."}
     return obs, action
+
+
+def _document_npy(operation: dict[str, Any], obs_shape: tuple[int, ...], max_rows: int) -> None:
+    """POST /v1/act of a policy of uint8 frames also takes them as one binary .npy array."""
+    dims = ", ".join(map(str, obs_shape))
+    operation["requestBody"]["content"][NPY] = {"schema": {
+        "type": "string", "format": "binary",
+        "description": f"One .npy array (numpy.save) of dtype uint8: one frame [{dims}] or a batch [B, {dims}] with "
+                       f"1 <= B <= {max_rows}; the answer is the same JSON as for a JSON request."}}
+    operation["parameters"] = [
+        {"name": "deterministic", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
+         "description": f"With a {NPY} body: the greedy / mean action (the JSON body's `deterministic`)."},
+        {"name": "seed", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+         "description": f"With a {NPY} body: fixes the noise of a sampled action (the JSON body's `seed`)."}]
 
 
 # ----- the app -------------------------------------------------------------------------------
@@ -369,6 +388,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 obs, action = _policy_schemas(server.batcher.served.policy, settings.max_rows)
                 components["ActRequest"]["properties"]["obs"] = obs
                 components["ActResponse"]["properties"]["action"] = action
+                if server.batcher.served.policy.obs_dtype == np.uint8:
+                    _document_npy(path_item["post"], server.batcher.served.policy.obs_shape, settings.max_rows)
             if settings.token:
                 schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
                 schema["security"] = [{"bearer": []}]

@@ -7,6 +7,7 @@ expected shape, never a 5xx.
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -97,7 +98,7 @@ class ReloadResponse(BaseModel):
 _ERRORS = {400: {"model": ErrorResponse, "description": "Body is not JSON"},
            401: {"model": ErrorResponse, "description": "Missing or wrong bearer token"},
            413: {"model": ErrorResponse, "description": "Body or batch too large"},
-           415: {"model": ErrorResponse, "description": "Body is not sent as JSON"},
+           415: {"model": ErrorResponse, "description": "Body is not sent as JSON (or as .npy frames)"},
            422: {"model": ErrorResponse, "description": "Wrong field, type, shape or a non-finite number"}}
 
 
@@ -107,10 +108,23 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 # ----- observation checks --------------------------------------------------------------------
 
-def expected_obs(obs_shape: tuple[int, ...], max_rows: int) -> str:
+NPY = "application/x-npy"
+"""The binary body of /v1/act: one `.npy` array (`numpy.save`) of frames in the policy's own dtype,
+with `deterministic` and `seed` as query parameters."""
+
+
+FLOAT32 = np.dtype(np.float32)
+
+
+def expected_obs(obs_shape: tuple[int, ...], max_rows: int, dtype: np.dtype = FLOAT32) -> str:
     dims = ", ".join(map(str, obs_shape))
-    return (f'{{"obs": one observation of shape [{dims}] or a batch [B, {dims}] with 1 <= B <= {max_rows}, '
-            'finite numbers; "deterministic": bool (optional, default false); "seed": int >= 0 (optional)}')
+    values = "integers 0..255 (uint8 frames)" if dtype == np.uint8 else "finite numbers"
+    text = (f'{{"obs": one observation of shape [{dims}] or a batch [B, {dims}] with 1 <= B <= {max_rows}, '
+            f'{values}; "deterministic": bool (optional, default false); "seed": int >= 0 (optional)}}')
+    if dtype == np.uint8:
+        text += (f"; or the frames as one .npy array of dtype uint8 ('Content-Type: {NPY}', "
+                 "?deterministic=true&seed=N as query parameters)")
+    return text
 
 
 def _holds_bool(raw: list[Any]) -> bool:
@@ -122,9 +136,11 @@ def _holds_only_numbers(raw: list[Any]) -> bool:
     return all(type(v) in (int, float) or (type(v) is list and _holds_only_numbers(v)) for v in raw)
 
 
-def parse_obs(raw: list[Any], obs_shape: tuple[int, ...], max_rows: int) -> tuple[np.ndarray, bool]:
-    """JSON obs -> (float32 batch [B, *obs_shape], whether it was one observation); BadInput otherwise."""
-    expected = expected_obs(obs_shape, max_rows)
+def parse_obs(raw: list[Any], obs_shape: tuple[int, ...], max_rows: int,
+              dtype: np.dtype = FLOAT32) -> tuple[np.ndarray, bool]:
+    """JSON obs -> (batch [B, *obs_shape] of the policy's `dtype`: float32, or uint8 frames, whether
+    it was one observation); BadInput otherwise."""
+    expected = expected_obs(obs_shape, max_rows, dtype)
     try:
         arr = np.asarray(raw)
     except ValueError:  # numpy refuses ragged nesting
@@ -165,7 +181,58 @@ def parse_obs(raw: list[Any], obs_shape: tuple[int, ...], max_rows: int) -> tupl
         where = where[1:] if single else where
         raise BadInput(422, f"obs{list(where)} is NaN or infinite (or beyond float32 range); "
                             "observations must be finite", expected)
-    return wide.astype(np.float32), single
+    if dtype == np.uint8:
+        _check_frames(wide, single, expected)
+    return wide.astype(dtype), single
+
+
+def _check_frames(frames: np.ndarray, single: bool, expected: str) -> None:
+    """Frames of a uint8 policy: every entry an integer 0..255."""
+    bad = (frames < 0) | (frames > 255) | (frames != np.floor(frames))
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise BadInput(422, f"obs{list(where[1:] if single else where)} is {frames[where]!r}; the policy takes "
+                            "uint8 frames, integers 0..255", expected)
+
+
+def parse_npy(body: bytes, obs_shape: tuple[int, ...], max_rows: int,
+              dtype: np.dtype) -> tuple[np.ndarray, bool]:
+    """A `.npy` body -> (batch [B, *obs_shape] of `dtype`, whether it was one observation); it
+    must hold exactly the policy's dtype (no conversion guessed) and shape; BadInput otherwise."""
+    expected = expected_obs(obs_shape, max_rows, dtype)
+    if dtype != np.uint8:
+        raise BadInput(415, f"a {NPY} body is for policies of uint8 frames; this policy takes {dtype} "
+                            "observations as JSON", expected)
+    try:
+        arr = np.lib.format.read_array(io.BytesIO(body), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise BadInput(422, f"the body is not one .npy array (numpy.save): {err}", expected) from None
+    if arr.dtype != dtype:
+        raise BadInput(422, f"the .npy array holds {arr.dtype}; the policy takes {dtype} frames", expected)
+    single = arr.shape == obs_shape
+    if not single and (arr.ndim != len(obs_shape) + 1 or arr.shape[1:] != obs_shape):
+        raise BadInput(422, f"the .npy array has shape {list(arr.shape)}; the policy takes frames of shape "
+                            f"{list(obs_shape)}", expected)
+    wide = arr[None] if single else arr
+    if len(wide) == 0:
+        raise BadInput(422, "the .npy array is an empty batch", expected)
+    if len(wide) > max_rows:
+        raise BadInput(413, f"the .npy array has {len(wide)} rows; at most {max_rows} per request", expected)
+    return np.ascontiguousarray(wide), single
+
+
+def _query_options(request: Request, expected: str) -> tuple[bool, int | None]:
+    """`deterministic` and `seed` of a binary request, from its query string."""
+    unknown = sorted(set(request.query_params) - {"deterministic", "seed"})
+    if unknown:
+        raise BadInput(422, f"unknown query parameter(s) {', '.join(unknown)}; valid: deterministic, seed", expected)
+    deterministic = request.query_params.get("deterministic", "false").lower()
+    if deterministic not in ("true", "false"):
+        raise BadInput(422, f"deterministic is {deterministic!r}; it must be true or false", expected)
+    seed = request.query_params.get("seed")
+    if seed is not None and not (seed.isdigit() and int(seed) <= 2**63 - 1):
+        raise BadInput(422, f"seed is {seed!r}; it must be an integer 0..2**63-1", expected)
+    return deterministic == "true", None if seed is None else int(seed)
 
 
 def _answer_json(action: np.ndarray, logp: np.ndarray, value: np.ndarray, version: str, single: bool) -> bytes:
@@ -196,17 +263,23 @@ async def act(request: Request) -> Response:
     policy = server.batcher.served.policy
     settings = server.settings
     content_type = request.headers.get("content-type")
-    if not content_type or not _is_json(content_type):
+    expected = expected_obs(policy.obs_shape, settings.max_rows, policy.obs_dtype)
+    if content_type and content_type.split(";", 1)[0].strip().lower() == NPY:
+        obs, single = parse_npy(await request.body(), policy.obs_shape, settings.max_rows, policy.obs_dtype)
+        deterministic, seed = _query_options(request, expected)
+    elif content_type and _is_json(content_type):
+        try:
+            body = ActRequest.model_validate_json(await request.body())
+        except ValidationError as err:
+            raise RequestValidationError(err.errors(include_url=False)) from None
+        obs, single = parse_obs(body.obs, policy.obs_shape, settings.max_rows, policy.obs_dtype)
+        deterministic, seed = body.deterministic, body.seed
+    else:
         sent = f"sent as '{content_type}'" if content_type else "sent without a Content-Type"
         raise BadInput(415, f"body was {sent}, not as JSON", "header 'Content-Type: application/json' and "
-                       "the JSON body " + expected_obs(policy.obs_shape, settings.max_rows))
-    try:
-        body = ActRequest.model_validate_json(await request.body())
-    except ValidationError as err:
-        raise RequestValidationError(err.errors(include_url=False)) from None
-    obs, single = parse_obs(body.obs, policy.obs_shape, settings.max_rows)
-    rng = np.random.default_rng(body.seed) if body.seed is not None else server.rng
-    noise = policy.noise(len(obs), None if body.deterministic else rng)
+                       "the JSON body " + expected)
+    rng = np.random.default_rng(seed) if seed is not None else server.rng
+    noise = policy.noise(len(obs), None if deterministic else rng)
     answer = await server.batcher.submit(obs, noise)
     bad = ~(np.isfinite(answer.logp) & np.isfinite(answer.value))
     if answer.action.dtype.kind == "f":
@@ -214,7 +287,7 @@ async def act(request: Request) -> Response:
     if bad.any():
         raise BadInput(422, f"the policy's output is not finite for observation row {int(np.argmax(bad))} "
                             "(values far outside the training range overflow the network)",
-                       expected_obs(policy.obs_shape, settings.max_rows))
+                       expected)
     return Response(_answer_json(answer.action, answer.logp, answer.value, answer.policy_version, single),
                     media_type="application/json")
 

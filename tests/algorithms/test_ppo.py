@@ -62,6 +62,16 @@ def test_ppo_solves_cartpole_within_1e5_steps(tmp_path):
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
 
 
+@pytest.mark.learning
+def test_ppo_learns_minatar_breakout_from_frames_within_1e5_steps(tmp_path):
+    # configs/ppo_minatar.yaml at a tenth of its budget: frames stored as uint8, the MinAtar conv
+    # encoder shared by both heads. A random policy scores 0.41 +- 0.65 an episode; seeds 0-4 end at
+    # 1.5-2.9 (docs/PERFORMANCE.md#pixels; `python -m rlstack.bench seeds --runs ppo_minatar`).
+    summary = LEARNING_RUNS["ppo_minatar"].train(0, tmp_path / "run")
+    assert 100_000 <= summary["total_steps"] < 100_000 + 1024
+    assert summary["eval/mean_return"] >= 1.2, summary["eval/returns"]
+
+
 class _DenseEncoder(nn.Cell):
     """An encoder with parameters (a conv encoder's place): one Dense + tanh, shared by both heads."""
 
@@ -97,7 +107,7 @@ def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatc
     monkeypatch.setitem(ENCODERS, "dense_test", _DenseEncoder)
     cfg = load_config(None, ["train.ent_coef=0.01", "train.max_grad_norm=1e9", "net.hidden=[16]"])
     frames = encoder != "dense_test"
-    obs_space = gym.spaces.Box(False, True, (10, 10, 4), bool) if frames else gym.make("CartPole-v1").observation_space
+    obs_space = gym.spaces.Box(0, 1, (10, 10, 4), bool) if frames else gym.make("CartPole-v1").observation_space
     spec = dataclasses.replace(NetSpec.of(cfg.net, policy=PolicyKind.CATEGORICAL), encoder=encoder)
     network = Network(obs_space, gym.spaces.Discrete(2), spec)
     shared = network.encoder_params()

@@ -76,7 +76,10 @@ def test_every_other_size_key_is_refused(config, overrides, needed_for):
 def test_every_shipped_config_fits_on_this_machine(path):
     cfg = load_config(path)
     budget.check_fits(cfg, *spaces_of(cfg))  # the memory this machine has available now
-    assert sum(n.nbytes for n in budget.estimate(cfg, *spaces_of(cfg))) < GiB
+    # Atari from pixels: DQN's replay of 100k stacked frames (obs and next obs, uint8) is ~5.3 GiB,
+    # as Stable-Baselines3's is with the Zoo's settings; PPO's minibatch through Nature CNN ~0.8 GiB.
+    limit = {"dqn_atari": 6 * GiB, "ppo_atari": 2 * GiB}.get(path.stem, GiB)
+    assert sum(n.nbytes for n in budget.estimate(cfg, *spaces_of(cfg))) < limit
 
 
 def needs_of(config: str, *overrides: str) -> dict[str, int]:

@@ -21,7 +21,7 @@ from rlstack.spaces import image_layout, obs_dtype_of
 
 ATARI = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # FrameStackObservation over 84x84 grayscale
 ATARI_LAST = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-MINATAR = gym.spaces.Box(False, True, (10, 10, 4), bool)  # minatar.gym's Breakout
+MINATAR = gym.spaces.Box(0, 1, (10, 10, 4), bool)  # minatar.gym's Breakout
 ACTIONS = gym.spaces.Discrete(4)
 
 
@@ -107,9 +107,9 @@ def test_the_exported_graph_takes_uint8_frames_and_answers_as_the_live_network(t
     for x, y in zip(exported, direct, strict=True):
         np.testing.assert_array_equal(x, y)
     # one frame as the env gives it (bool planes), and a batch of them
-    one = policy.act(frames[0].astype(bool))
+    one = policy.act(frames[0].astype(bool), deterministic=True)
     assert one.action == exported.action[0]
-    assert policy.act(frames.astype(bool)).action.tolist() == exported.action.tolist()
+    assert policy.act(frames.astype(bool), deterministic=True).action.tolist() == exported.action.tolist()
 
 
 def test_conv_encoders_refuse_what_they_cannot_take():

@@ -123,7 +123,7 @@ def test_frames_are_stored_as_uint8_and_come_back_as_stored(tmp_path):
     replay = ReplayBuffer.for_spaces(8, frames, gym.spaces.Discrete(4))
     assert replay.obs.dtype == np.uint8 and replay.next_obs.dtype == np.uint8
     assert replay.bytes_per_transition == 2 * 4 * 84 * 84 + 4 + 4 + 1 + 1
-    bools = gym.spaces.Box(False, True, (10, 10, 4), bool)  # MinAtar's planes
+    bools = gym.spaces.Box(0, 1, (10, 10, 4), bool)  # MinAtar's planes
     replay = ReplayBuffer.for_spaces(8, bools, gym.spaces.Discrete(3))
     rng = np.random.default_rng(0)
     obs, next_obs = rng.random((2, 2, 10, 10, 4)) < 0.5
