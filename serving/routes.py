@@ -164,15 +164,7 @@ def parse_obs(raw: list[Any], obs_shape: tuple[int, ...], max_rows: int,
     if arr.dtype.kind not in "iuf":
         kind = {"b": "booleans", "U": "strings", "S": "strings"}.get(arr.dtype.kind, f"values of dtype {arr.dtype}")
         raise BadInput(422, f"obs holds {kind}; it must hold numbers", expected)
-    single = arr.shape == obs_shape
-    if not single and (arr.ndim != len(obs_shape) + 1 or arr.shape[1:] != obs_shape):
-        raise BadInput(422, f"obs has shape {list(arr.shape)}; the policy takes observations of shape "
-                            f"{list(obs_shape)}", expected)
-    wide = arr[None] if single else arr
-    if len(wide) == 0:
-        raise BadInput(422, "obs is an empty batch", expected)
-    if len(wide) > max_rows:
-        raise BadInput(413, f"obs has {len(wide)} rows; at most {max_rows} per request", expected)
+    wide, single = _batch_of(arr, "obs", obs_shape, max_rows, expected)
     # Checked before the cast: a number just past float32's largest would round down to it, but the
     # schema (/openapi.json) says numbers within float32's range, and NaN compares False.
     finite = np.abs(wide) <= FLOAT32_MAX
@@ -184,6 +176,22 @@ def parse_obs(raw: list[Any], obs_shape: tuple[int, ...], max_rows: int,
     if dtype == np.uint8:
         _check_frames(wide, single, expected)
     return wide.astype(dtype), single
+
+
+def _batch_of(arr: np.ndarray, what: str, obs_shape: tuple[int, ...], max_rows: int,
+              expected: str) -> tuple[np.ndarray, bool]:
+    """(`arr` as a batch [B, *obs_shape], whether it was one observation); BadInput for another
+    shape, an empty batch or more than `max_rows` rows."""
+    single = arr.shape == obs_shape
+    if not single and (arr.ndim != len(obs_shape) + 1 or arr.shape[1:] != obs_shape):
+        raise BadInput(422, f"{what} has shape {list(arr.shape)}; the policy takes observations of shape "
+                            f"{list(obs_shape)}", expected)
+    wide = arr[None] if single else arr
+    if len(wide) == 0:
+        raise BadInput(422, f"{what} is an empty batch", expected)
+    if len(wide) > max_rows:
+        raise BadInput(413, f"{what} has {len(wide)} rows; at most {max_rows} per request", expected)
+    return wide, single
 
 
 def _check_frames(frames: np.ndarray, single: bool, expected: str) -> None:
@@ -209,15 +217,7 @@ def parse_npy(body: bytes, obs_shape: tuple[int, ...], max_rows: int,
         raise BadInput(422, f"the body is not one .npy array (numpy.save): {err}", expected) from None
     if arr.dtype != dtype:
         raise BadInput(422, f"the .npy array holds {arr.dtype}; the policy takes {dtype} frames", expected)
-    single = arr.shape == obs_shape
-    if not single and (arr.ndim != len(obs_shape) + 1 or arr.shape[1:] != obs_shape):
-        raise BadInput(422, f"the .npy array has shape {list(arr.shape)}; the policy takes frames of shape "
-                            f"{list(obs_shape)}", expected)
-    wide = arr[None] if single else arr
-    if len(wide) == 0:
-        raise BadInput(422, "the .npy array is an empty batch", expected)
-    if len(wide) > max_rows:
-        raise BadInput(413, f"the .npy array has {len(wide)} rows; at most {max_rows} per request", expected)
+    wide, single = _batch_of(arr, "the .npy array", obs_shape, max_rows, expected)
     return np.ascontiguousarray(wide), single
 
 

@@ -28,6 +28,7 @@ import pytest
 
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import ConfigError, load_config
+from tests.conftest import all_cores
 
 pytestmark = [pytest.mark.slow, pytest.mark.actors]
 
@@ -54,8 +55,9 @@ class TwoNodes:
 def cluster() -> Iterator[TwoNodes]:
     import ray
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    worker = cluster.add_node(num_cpus=2)
+    with all_cores():  # the cluster's processes, and the actors Ray starts in them, on both cores
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        worker = cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address)
     try:
         nodes = ray.nodes()

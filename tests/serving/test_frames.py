@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from rlstack.acting import load_policy
-from tests.serving.test_server import AUTH, TOKEN, ServerProcess
+from tests.serving import test_server
+from tests.serving.test_server import TOKEN, ServerProcess
 
 FRAME = (10, 10, 4)
 NPY = {"Content-Type": "application/x-npy"}
@@ -41,10 +42,7 @@ def server(minatar_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     proc.stop()
 
 
-@pytest.fixture()
-def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30.0) as c:
-        yield c
+client = test_server.client  # (on this module's server)
 
 
 def _npy(array: np.ndarray) -> bytes:
