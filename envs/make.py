@@ -113,8 +113,8 @@ def _register_family(name: str) -> None:
     failed = _import(module)
     if failed:
         raise EnvError(f"environment '{name}' needs the '{extra}' extra: pip install -e \".[{extra}]\" ({failed})")
-    if module == "minatar.gym":
-        importlib.import_module(module).register_envs()  # (its import alone registers nothing)
+    if module == "minatar.gym" and not any(k.startswith("MinAtar/") for k in gym.registry):
+        importlib.import_module(module).register_envs()  # once (its import alone registers nothing)
 
 
 def is_atari(name: str) -> bool:
@@ -123,17 +123,28 @@ def is_atari(name: str) -> bool:
 
 
 class FireReset(gym.Wrapper):
-    """Press FIRE after every reset, for games that wait for it (Stable-Baselines3's
-    `FireResetEnv`; gymnasium has no such wrapper). After a lost life, the episodic-life wrapper of
-    training (`AtariPreprocessing(terminal_on_life_loss=True)`) ends the episode, so the next reset
-    presses it again."""
+    """Press FIRE after every reset and after every lost life, for games that wait for it
+    (Stable-Baselines3's `FireResetEnv`; gymnasium has no such wrapper). In training a lost life
+    ends the episode (`AtariPreprocessing(terminal_on_life_loss=True)`), so the reset presses it; in
+    evaluation the game goes on, and a greedy policy that never chose FIRE would stand still until
+    the time limit."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
         obs, _, terminated, truncated, info = self.env.step(1)
         if terminated or truncated:
             obs, info = self.env.reset(**kwargs)
+        self.lives = self.env.unwrapped.ale.lives()
         return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if lives < self.lives and not (terminated or truncated):
+            obs, more, terminated, truncated, info = self.env.step(1)
+            reward += more
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
 
 
 def atari_preprocessing(env: gym.Env, training: bool) -> gym.Env:
