@@ -5,15 +5,10 @@ Each xdist worker runs on its own cores (its child processes too)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-USABLE_CORES = frozenset(os.sched_getaffinity(0))
-"""The cores this process could use before `pytest_configure` pinned it."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,18 +34,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # stable: file order kept otherwise
     items.sort(key=lambda item: (item.path not in actor_files, item.path not in learning_files,
                                  item.path not in slow_files))
-
-
-@contextlib.contextmanager
-def all_cores() -> Iterator[None]:
-    """Processes started inside run on every usable core, not this worker's share: a Ray cluster a
-    test starts stands for machines of its own."""
-    mine = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, USABLE_CORES)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, mine)
 
 
 @pytest.fixture(scope="session", autouse=True)

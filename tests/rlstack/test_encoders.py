@@ -67,9 +67,10 @@ def test_the_encoder_is_shared_and_its_features_feed_every_head():
 
 def test_frames_are_scaled_in_the_graph_and_either_layout_computes_the_same():
     spec = NetSpec(hidden=(), activation="relu", encoder="nature_cnn")
-    first, last = Network(ATARI, ACTIONS, spec), Network(ATARI_LAST, ACTIONS, spec)
+    small, small_last = (gym.spaces.Box(0, 255, shape, np.uint8) for shape in ((4, 36, 36), (36, 36, 4)))
+    first, last = Network(small, ACTIONS, spec), Network(small_last, ACTIONS, spec)
     copy_parameters(first, last)
-    frames = _frames(ATARI, 3)
+    frames = _frames(small, 3)
     a = _act(first, frames)
     b = _act(last, np.ascontiguousarray(frames.transpose(0, 2, 3, 1)))
     for x, y in zip(a, b, strict=True):
@@ -79,8 +80,9 @@ def test_frames_are_scaled_in_the_graph_and_either_layout_computes_the_same():
     np.testing.assert_array_equal(a[2], c[2])
 
 
-@pytest.mark.parametrize("space", [ATARI, MINATAR], ids=["nature_cnn", "minatar_cnn"])
-def test_the_fast_cpu_form_computes_what_native_conv2d_computes(space):
+def test_the_fast_cpu_form_computes_what_native_conv2d_computes():
+    # (Nature CNN's layers and stack: tests/rlstack/test_conv.py)
+    space = MINATAR
     fast = Network(space, ACTIONS, NetSpec(hidden=(), activation="relu", conv_form="matmul"))
     native = Network(space, ACTIONS, NetSpec(hidden=(), activation="relu", conv_form="native"))
     assert fast.encoder.form == "matmul" and native.encoder.form == "native"

@@ -21,7 +21,6 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import all_cores
 from tests.serving import test_server
 from tests.serving.test_server import (
     AUTH,
@@ -185,9 +184,8 @@ def test_two_replicas_on_the_worker_node_of_a_two_node_cluster(trained_run: Path
     (root / "policy").mkdir()
     publish(trained_run / "policy" / "v000001", root / "policy", "v000001")
     refs = References(root / "policy")
-    with all_cores():  # the cluster's processes, and the replicas Ray starts in them, on both cores
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-        cluster.add_node(num_cpus=REPLICAS)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=REPLICAS)
     server = None
     try:
         ray.init(address=cluster.address)
