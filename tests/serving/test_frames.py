@@ -1,7 +1,7 @@
-"""Frames end to end: a real PPO run on MinAtar Breakout (bool planes stored and acted on as uint8,
-the MinAtar conv encoder), its exported graph served over HTTP on 127.0.0.1, frames sent as JSON
-lists and as a binary .npy body, answered exactly as `load_policy(run).act` answers; bad frames
-get a 4xx naming what was expected, and the server keeps serving."""
+"""Frames over HTTP: the MinAtar conv encoder's exported graph (bool planes entering as uint8)
+served on 127.0.0.1, frames sent as JSON lists and as a binary .npy body, answered exactly as
+`load_policy(run).act` answers; bad frames get a 4xx naming what was expected, and the server
+keeps serving."""
 
 from __future__ import annotations
 
@@ -24,13 +24,18 @@ NPY = {"Content-Type": "application/x-npy"}
 
 @pytest.fixture(scope="module")
 def minatar_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """configs/ppo_minatar.yaml's network on MinAtar Breakout's spaces, exported as a run's policy
+    (a trained one: tests/algorithms/test_ppo.py's MinAtar learning test)."""
+    from rlstack.artifact import export_policy
     from rlstack.config import load_config
-    from rlstack.trainer import Trainer
+    from rlstack.envs import make_env
+    from rlstack.network import NetSpec, Network, PolicyKind
 
+    env = make_env("MinAtar/Breakout-v1")
+    spaces = {"obs_space": env.observation_space, "action_space": env.action_space}
+    network = Network(*spaces.values(), NetSpec.of(load_config("ppo_minatar").net, policy=PolicyKind.CATEGORICAL))
     out = tmp_path_factory.mktemp("frames") / "run"
-    cfg = load_config("ppo_minatar", ["train.total_steps=2048", "train.progress=off", "env.eval_episodes=1"])
-    summary = Trainer(cfg, out).train()
-    assert summary["total_steps"] == 2048
+    export_policy(network, out / "policy", algorithm="ppo", device="cpu", fusion=False, config_hash="test", **spaces)
     return out
 
 
@@ -61,7 +66,7 @@ def _frames(batch: int, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).random((batch, *FRAME)) < 0.3).astype(np.uint8)
 
 
-def test_the_run_stored_and_exported_frames_as_uint8(minatar_run: Path):
+def test_the_exported_policy_takes_uint8_frames(minatar_run: Path):
     policy = load_policy(minatar_run)
     assert policy.obs_dtype == np.uint8 and policy.obs_shape == FRAME
     assert policy.manifest["encoder"] == {"name": "minatar_cnn", "conv_form": "matmul"}
