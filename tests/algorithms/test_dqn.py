@@ -211,9 +211,11 @@ def test_short_run_logs_scalars_and_resumes(tmp_path):
 
 
 @pytest.mark.learning
-def test_dqn_solves_cartpole_within_5e4_steps(tmp_path):
+def test_dqn_solves_cartpole_within_4e4_steps(tmp_path):
+    # The Zoo config at 4e4 of its 5e4 steps; seeds 0-4 keep a network that scores 500 there
+    # (docs/PERFORMANCE.md#learning-tests-budgets).
     summary = LEARNING_RUNS["dqn"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
-    assert summary["total_steps"] == 50_000
+    assert summary["total_steps"] == 40_000
     assert summary["final_policy"] == "best"  # configs/dqn_cartpole.yaml: train.keep_best
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
 

@@ -43,7 +43,7 @@ def test_log_lines_are_joined_into_one_row_per_graph():
     # Two rollouts of 8 envs x 32 steps: 64 acting calls, 40 minibatch steps, export, parity, eval.
     ("ppo_cartpole.yaml", ["train.total_steps=512"]),
     ("dqn_cartpole.yaml", []),  # the census's own short budget: a few updates of 128 gradient steps
-    ("ppo_pendulum.yaml", []),  # three rollouts of 4 envs x 1024 steps
+    ("ppo_pendulum.yaml", ["train.total_steps=8192"]),  # two rollouts of 4 envs x 1024 steps
     # Five rollouts of 64 envs x 16 steps (the census's three give 48 acting calls).
     ("ppo_tictactoe_selfplay.yaml", ["train.total_steps=5120"]),
     ("ppo_connect4_selfplay.yaml", []),  # three rollouts of 64 envs x 32 steps
