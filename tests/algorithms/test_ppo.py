@@ -54,9 +54,11 @@ def test_linear_schedules_reach_the_optimizer(tmp_path):
 
 
 @pytest.mark.learning
-def test_ppo_solves_cartpole_within_1e5_steps(tmp_path):
+def test_ppo_solves_cartpole_within_6e4_steps(tmp_path):
+    # The Zoo config at 6e4 of its 1e5 steps; seeds 0-4 reach 500 there
+    # (docs/PERFORMANCE.md#learning-tests-budgets).
     summary = LEARNING_RUNS["ppo"].train(0, tmp_path / "run")  # also `python -m rlstack.bench seeds`
-    assert summary["total_steps"] <= 100_000 + 256
+    assert summary["total_steps"] <= 60_000 + 256
     assert summary["eval/mean_return"] >= 475, summary["eval/returns"]
 
 
