@@ -6,14 +6,14 @@ Follows Stable-Baselines3's PPO (and CleanRL's `ppo.py`) rather than the paper w
 - global gradient-norm clipping and Adam with eps=1e-5;
 - learning rate and clip range may be linear schedules (`lin_1e-3`, RL Baselines3 Zoo);
 - a truncated episode is bootstrapped with V(final_obs) (the trainer folds it into the reward);
-- one minibatch step is two compiled graph calls (`PPOStep`), each under MindSpore's
-  100-kernel single-thread limit: the policy loss's gradient, then the value loss's gradient
-  with global-norm clipping and Adam over both. The sum's gradient splits exactly: the heads
-  share only the encoder (`Network.encoder_params`), whose value gradient the second graph adds
-  to its policy gradient, as SB3's `CnnPolicy` trains its shared features extractor. One graph
-  for the whole step would be over the line (docs/PERFORMANCE.md#the-100-kernel-line). Minibatch rows are gathered on the host, and the advantage
-  terms of the clipped surrogate, which do not depend on the parameters, are computed there
-  (`surrogate_inputs`).
+- for an MLP, one minibatch step is two compiled graph calls (`PPOStep`), each under
+  MindSpore's 100-kernel single-thread limit: the policy loss's gradient, then the value loss's
+  gradient with global-norm clipping and Adam over both (one graph for the whole step would be
+  over the line: docs/PERFORMANCE.md#the-100-kernel-line). An encoder with parameters (a conv
+  encoder) is shared by both heads and trained by both losses, as SB3's `CnnPolicy` trains its
+  features extractor: its step is one graph, so the encoder runs forward and backward once.
+  Minibatch rows are gathered on the host, and the advantage terms of the clipped surrogate,
+  which do not depend on the parameters, are computed there (`surrogate_inputs`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,11 @@ class PolicyLoss(nn.Cell):
         self.ent_coef = cfg.ent_coef
 
     def construct(self, obs, action, old_logp, weight, sign, bound, clip_range):
-        logp, entropy = self.network.policy_logp_entropy(obs, action)  # [B] each
+        return self.of_features(self.network.features(obs), obs, action, old_logp, weight, sign, bound, clip_range)
+
+    def of_features(self, x, obs, action, old_logp, weight, sign, bound, clip_range):
+        """The same from the encoder's features `x` of `obs`."""
+        logp, entropy = self.network.pi.logp_entropy(x, obs, action)  # [B] each
         log_ratio = logp - old_logp
         ratio = ops.exp(log_ratio)
         policy_loss = -(weight * ops.minimum(sign * ratio, bound)).mean()
@@ -154,7 +158,11 @@ class ValueLoss(nn.Cell):
         self.clip_range_vf = cfg.clip_range_vf if cfg.clip_range_vf is not None else 0.0
 
     def construct(self, obs, ret, old_value):
-        value = self.network.state_value(self.network.features(obs))  # [B]
+        return self.of_features(self.network.features(obs), ret, old_value)
+
+    def of_features(self, x, ret, old_value):
+        """The same from the encoder's features `x`."""
+        value = self.network.state_value(x)  # [B]
         if self.clip_vf:
             value = old_value + ops.clamp(value - old_value, -self.clip_range_vf, self.clip_range_vf)
         error = ret - value
@@ -172,8 +180,9 @@ class PPOLoss(nn.Cell):
         self.value = ValueLoss(network, cfg)
 
     def construct(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value):
-        policy_loss, info = self.policy(obs, action, old_logp, weight, sign, bound, clip_range)
-        value_loss, mse = self.value(obs, ret, old_value)
+        x = self.policy.network.features(obs)  # once: both heads read it
+        policy_loss, info = self.policy.of_features(x, obs, action, old_logp, weight, sign, bound, clip_range)
+        value_loss, mse = self.value.of_features(x, ret, old_value)
         return policy_loss + value_loss, ops.concat((info[:1], mse.reshape(1), info[1:]))
 
 
@@ -217,7 +226,8 @@ class PolicyGrad(nn.Cell):
 
 
 class ValueGradAndStep(nn.Cell):
-    """A packed minibatch and `PolicyGrad`'s vector -> the value loss's gradient, global-norm
+    """A packed minibatch and `PolicyGrad`'s vector -> the value loss's gradient (the heads share
+    no parameters: `PPOStep`), global-norm
     clipping of it together with the policy gradient, one Adam step over both; returns the
     metrics [loss, policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value_loss, mse]
     as one vector (one output to read).
@@ -227,17 +237,11 @@ class ValueGradAndStep(nn.Cell):
     steps with the same gradient. With 1 worker the graph has no collective at all."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
-                 policy_params: list, value_params: list, columns: Columns, workers: int = 1,
-                 shared_params: tuple = ()):
+                 policy_params: list, value_params: list, columns: Columns, workers: int = 1):
         super().__init__()
-        # `shared_params` (the encoder's) lead `policy_params`: their value gradient is added to
-        # the first `shared_size` entries of the policy gradient.
-        self.grad = ops.value_and_grad(ValueLoss(network, cfg), None,
-                                       ms.ParameterTuple(list(shared_params) + value_params), has_aux=True)
+        self.grad = ops.value_and_grad(ValueLoss(network, cfg), None, ms.ParameterTuple(value_params), has_aux=True)
         self.optimizer = optimizer
         self.max_grad_norm = cfg.max_grad_norm
-        self.n_shared = len(shared_params)
-        self.shared_size = sum(int(np.prod(p.shape)) for p in shared_params)
         self.policy_shapes = tuple(tuple(p.shape) for p in policy_params)
         self.policy_size = sum(int(np.prod(shape)) for shape in self.policy_shapes)
         self.value_shapes = tuple(tuple(p.shape) for p in value_params)
@@ -249,10 +253,6 @@ class ValueGradAndStep(nn.Cell):
                                              column(batch, self.value))
         policy_grad = rows(policy_out, 0, self.policy_size)
         value_grads = grads
-        if self.n_shared:  # (a constant: without an encoder's parameters the graph has none of this)
-            value_grads = grads[self.n_shared:]
-            shared = rows(policy_grad, 0, self.shared_size) + flatten(grads[:self.n_shared])
-            policy_grad = ops.concat((shared, rows(policy_grad, self.shared_size, self.policy_size)))
         if self.grad_mean is not None:  # (a constant: the 1-worker graph is compiled without this)
             both = self.grad_mean(ops.concat((policy_grad, flatten(value_grads))))
             policy_grad = rows(both, 0, self.policy_size)
@@ -263,11 +263,61 @@ class ValueGradAndStep(nn.Cell):
         return ops.concat((rows(policy_out, self.policy_size, policy_out.shape[0]), ops.stack((value_loss, mse))))
 
 
+class WholeLoss(nn.Cell):
+    """`PPOLoss` with the step's metrics as its second output: (loss, [policy part of the loss,
+    policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value part of the loss, mse]), the
+    two-graph step's order."""
+
+    def __init__(self, network: Network, cfg: PPOConfig):
+        super().__init__()
+        self.policy = PolicyLoss(network, cfg)
+        self.value = ValueLoss(network, cfg)
+
+    def construct(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value):
+        x = self.policy.network.features(obs)  # once: both heads read it
+        policy_loss, info = self.policy.of_features(x, obs, action, old_logp, weight, sign, bound, clip_range)
+        value_loss, mse = self.value.of_features(x, ret, old_value)
+        return policy_loss + value_loss, ops.concat((policy_loss.reshape(1), info, ops.stack((value_loss, mse))))
+
+
+class WholeGradAndStep(nn.Cell):
+    """A packed minibatch -> the whole loss's gradient (the encoder's forward and backward pass
+    once, for both heads), global-norm clipping, one Adam step; returns `ValueGradAndStep`'s
+    metrics. One graph over the 100-kernel line: for an encoder with parameters (a conv encoder),
+    whose arithmetic outweighs the runtime's per-kernel cost, where two graphs would run it twice
+    (docs/PERFORMANCE.md#pixels). `workers` as `ValueGradAndStep`."""
+
+    def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig, params: list,
+                 columns: Columns, workers: int = 1):
+        super().__init__()
+        self.grad = ops.value_and_grad(WholeLoss(network, cfg), None, ms.ParameterTuple(params), has_aux=True)
+        self.optimizer = optimizer
+        self.max_grad_norm = cfg.max_grad_norm
+        self.shapes = tuple(tuple(p.shape) for p in params)
+        self.obs, self.action, self.old_logp = columns.obs, columns.action, columns.old_logp
+        self.weight, self.sign, self.bound = columns.weight, columns.sign, columns.bound
+        self.ret, self.value = columns.ret, columns.value
+        self.clip_range = Parameter(Tensor(0.2, ms.float32), name="clip_range", requires_grad=False)
+        self.grad_mean = GradMean(workers) if workers > 1 else None
+
+    def construct(self, batch):
+        (_, metrics), grads = self.grad(columns(batch, *self.obs), columns(batch, *self.action),
+                                        column(batch, self.old_logp), column(batch, self.weight),
+                                        column(batch, self.sign), column(batch, self.bound), self.clip_range,
+                                        column(batch, self.ret), column(batch, self.value))
+        flat = flatten(grads)
+        if self.grad_mean is not None:  # (a constant: the 1-worker graph is compiled without this)
+            flat = self.grad_mean(flat)
+        self.optimizer(unflatten(flat * clip_coef((flat,), self.max_grad_norm), self.shapes))
+        return metrics
+
+
 class PPOStep(nn.Cell):
-    """One minibatch step as two graph calls, each under 100 kernels: the policy gradient, then
-    the value gradient with clipping and Adam. A Cell for the checkpoint (network and optimizer
-    state); called on the host, not compiled as a whole. Both calls are lean
-    (`rlstack.graphcall.LeanCall`); the second names the state it writes."""
+    """One minibatch step. Without encoder parameters, two graph calls, each under 100 kernels:
+    the policy gradient, then the value gradient with clipping and Adam. With them (a conv
+    encoder shared by both heads), one call (`WholeGradAndStep`). A Cell for the checkpoint
+    (network and optimizer state); called on the host, not compiled as a whole. The calls are
+    lean (`rlstack.graphcall.LeanCall`); the one that steps names the state it writes."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig,
                  policy_params: list, value_params: list, columns: Columns, workers: int = 1,
@@ -275,12 +325,17 @@ class PPOStep(nn.Cell):
         super().__init__()
         self.network = network
         self.optimizer = optimizer
-        # (held by the LeanCall, not as a Cell attribute: the clip range is no checkpoint state)
-        self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params, columns))
-        step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns, workers,
-                                shared_params)
+        # (held by the LeanCalls, not as Cell attributes: the clip range is no checkpoint state)
+        self.whole = bool(shared_params)
+        if self.whole:
+            step = WholeGradAndStep(network, optimizer, cfg, policy_params + value_params, columns, workers)
+            self.policy_grad, clip_range = None, step.clip_range
+        else:
+            self.policy_grad = LeanCall(PolicyGrad(network, cfg, policy_params, columns))
+            step = ValueGradAndStep(network, optimizer, cfg, policy_params, value_params, columns, workers)
+            clip_range = self.policy_grad.cell.clip_range
         self.value_step = LeanCall(step, state=written_by(step))
-        self._schedule = ParameterWrite([optimizer.learning_rate, self.policy_grad.cell.clip_range])
+        self._schedule = ParameterWrite([optimizer.learning_rate, clip_range])
 
     def set_schedule(self, lr: float, clip_range: float) -> None:
         """The update's learning rate and clip range (written in place: `ParameterWrite`)."""
@@ -289,6 +344,8 @@ class PPOStep(nn.Cell):
     def step(self, batch: Tensor) -> Tensor:
         """A packed minibatch [B, width] (`Columns.pack`) -> its metrics as a Tensor, after the Adam
         step (`metrics` turns them into numbers: read once per update, not per step)."""
+        if self.whole:
+            return self.value_step(batch)
         return self.value_step(batch, self.policy_grad(batch))
 
     @staticmethod

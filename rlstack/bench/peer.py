@@ -1,11 +1,17 @@
 """`python -m rlstack.bench peer --python VENV/bin/python`: rlstack against Stable-Baselines3,
 side by side in one session, same hyperparameters (the shipped configs: RL Baselines3 Zoo's).
 
-Stable-Baselines3 is not a dependency: install it (with PyTorch for the CPU) in a scratch venv
-and pass its interpreter. For each algorithm this trains rlstack's shipped config in this process,
-then the same hyperparameters with SB3 in the other interpreter, and prints steps/s (wall time
-from building the agent to the end of training, compilation included on both sides; periodic
-evaluation off on both) and their ratio, as lines and JSON.
+Stable-Baselines3 is not a dependency: install it (with PyTorch for the CPU, and the extras the
+environment needs: ale-py and opencv-python-headless for Atari, minatar for MinAtar) in a scratch
+venv and pass its interpreter. For each config this trains rlstack here, then the same
+hyperparameters with SB3 in the other interpreter, and prints steps/s (wall time from building the
+agent to the end of training, compilation included on both sides; periodic evaluation off on both)
+and their ratio, as lines and JSON. With `--evaluate` both sides' final deterministic evaluation
+is compared too (rlstack's `env.eval_episodes` games; SB3's `evaluate_policy` over as many).
+
+Frames: Atari runs through SB3's own Atari wrappers (`make_atari_env`, 4 frames stacked by
+`VecFrameStack`) and its `CnnPolicy` (Nature CNN, as `net.encoder: nature_cnn`); MinAtar through
+`CnnPolicy` with MinAtar's network as the features extractor (as `net.encoder: minatar_cnn`).
 """
 
 from __future__ import annotations
@@ -17,16 +23,22 @@ import statistics
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 _STARTING_ENV = dict(os.environ)  # before anything imports MindSpore
 
 CONFIGS = {"ppo": "ppo_cartpole", "dqn": "dqn_cartpole", "sac": "sac_pendulum"}
+"""`--algos` names -> the shipped config each runs (`--configs` names configs directly)."""
 
 SB3_SCRIPT = r"""
 import json, sys, time
+import gymnasium as gym
 import torch
 from stable_baselines3 import DQN, PPO, SAC
-from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
 
 spec = json.loads(sys.argv[1])
 torch.manual_seed(spec["seed"])
@@ -36,23 +48,70 @@ def schedule(value):
         return lambda remaining: remaining * start
     return float(value)
 
+class MinAtarCNN(BaseFeaturesExtractor):
+    # Young and Tian 2019, rlstack's `minatar_cnn`: 16x3x3/1, ReLU, dense 128, ReLU on [H, W, C] planes.
+    def __init__(self, observation_space, features_dim=128):
+        super().__init__(observation_space, features_dim)
+        h, w, c = observation_space.shape
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(c, 16, 3, 1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                       torch.nn.Linear(16 * (h - 2) * (w - 2), features_dim), torch.nn.ReLU())
+    def forward(self, obs):
+        return self.net(obs.permute(0, 3, 1, 2))
+
+def make(n_envs, seed):
+    # The processes of SubprocVecEnv forked, so they have the ids registered here.
+    subproc = spec["vector"] == "async" and n_envs > 1
+    vec = {"vec_env_cls": SubprocVecEnv, "vec_env_kwargs": {"start_method": "fork"}} if subproc else {}
+    if spec["family"] == "atari":
+        import ale_py
+        gym.register_envs(ale_py)
+        return VecFrameStack(make_atari_env(spec["env"], n_envs=n_envs, seed=seed, **vec), 4)
+    if spec["family"] == "minatar":
+        import minatar.gym
+        minatar.gym.register_envs()
+    return make_vec_env(spec["env"], n_envs=n_envs, seed=seed, **vec)
+
 t0 = time.perf_counter()
-env = make_vec_env(spec["env"], n_envs=spec["n_envs"], seed=spec["seed"])
+env = make(spec["n_envs"], spec["seed"])
 activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[spec["activation"]]
 kwargs = {k: schedule(v) if k in ("learning_rate", "clip_range") else v for k, v in spec["kwargs"].items()}
+policy_kwargs = {"net_arch": spec["hidden"], "activation_fn": activation}
+if spec["encoder"] == "minatar_cnn":
+    policy_kwargs["features_extractor_class"] = MinAtarCNN
 algo = {"ppo": PPO, "dqn": DQN, "sac": SAC}[spec["algo"]]
-model = algo("MlpPolicy", env, seed=spec["seed"], device="cpu", verbose=0,
-             policy_kwargs={"net_arch": spec["hidden"], "activation_fn": activation}, **kwargs)
+model = algo(spec["policy"], env, seed=spec["seed"], device="cpu", verbose=0, policy_kwargs=policy_kwargs,
+             tensorboard_log=spec["tensorboard"], **kwargs)
 model.learn(total_timesteps=spec["total_steps"])
 seconds = time.perf_counter() - t0
-print(json.dumps({"seconds": seconds, "steps": spec["total_steps"], "torch": torch.__version__,
-                  "threads": torch.get_num_threads()}))
+result = {"seconds": seconds, "steps": int(model.num_timesteps), "torch": torch.__version__,
+          "threads": torch.get_num_threads()}
+if spec["eval_episodes"]:
+    # Whole games' scores: the Monitor under SB3's Atari wrappers counts games, not lives, and
+    # records rewards before clipping (evaluate_policy reads it).
+    eval_env = make(1, spec["seed"] + 10_000)
+    returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=spec["eval_episodes"], deterministic=True,
+                                 return_episode_rewards=True)
+    result["eval_returns"] = [float(r) for r in returns]
+    result["eval_mean_return"] = sum(returns) / len(returns)
+print(json.dumps(result))
 """
 
 
-def sb3_spec(algo: str, cfg) -> dict:
+def env_family(env_id: str) -> str | None:
+    """`atari`, `minatar` or None (any other gymnasium id)."""
+    from rlstack.envs.make import is_atari
+
+    if is_atari(env_id):
+        return "atari"
+    return "minatar" if env_id.startswith("MinAtar/") else None
+
+
+def sb3_spec(cfg, evaluate: bool = False, tensorboard: str | None = None) -> dict:
     """The SB3 constructor arguments equal to rlstack's config `cfg`."""
-    t = cfg.train
+    from rlstack.encoders import resolve_encoder
+    from rlstack.envs.make import make_env
+
+    t, algo = cfg.train, cfg.algo
     if algo == "ppo":
         kwargs = {"n_steps": t.n_steps, "batch_size": t.batch_size, "n_epochs": t.n_epochs, "gamma": t.gamma,
                   "gae_lambda": t.gae_lambda, "ent_coef": t.ent_coef, "vf_coef": t.vf_coef,
@@ -62,12 +121,18 @@ def sb3_spec(algo: str, cfg) -> dict:
                   "learning_starts": t.learning_starts, "gamma": t.gamma, "train_freq": t.train_freq,
                   "gradient_steps": t.gradient_steps, "target_update_interval": t.target_update_interval}
         if algo == "dqn":
-            kwargs.update(exploration_fraction=t.exploration_fraction, exploration_final_eps=t.exploration_final_eps)
+            kwargs.update(exploration_fraction=t.exploration_fraction, exploration_final_eps=t.exploration_final_eps,
+                          exploration_initial_eps=t.exploration_initial_eps)
         else:
             kwargs.update(tau=t.tau)
-    return {"algo": algo, "env": cfg.env.id, "n_envs": cfg.env.n_envs, "seed": cfg.seed,
-            "total_steps": t.total_steps, "hidden": list(cfg.net.hidden), "activation": cfg.net.activation,
-            "kwargs": kwargs}
+    env = make_env(cfg.env.id, cfg.env.kwargs, imports=cfg.env.imports)
+    encoder = resolve_encoder(cfg.net.encoder, env.observation_space)
+    env.close()
+    return {"algo": algo, "env": cfg.env.id, "family": env_family(cfg.env.id), "n_envs": cfg.env.n_envs,
+            "vector": cfg.env.vector, "seed": cfg.seed, "total_steps": t.total_steps,
+            "policy": "MlpPolicy" if encoder == "mlp" else "CnnPolicy", "encoder": encoder,
+            "hidden": list(cfg.net.hidden), "activation": cfg.net.activation, "kwargs": kwargs,
+            "eval_episodes": cfg.env.eval_episodes if evaluate else 0, "tensorboard": tensorboard}
 
 
 def peer_env() -> dict[str, str]:
@@ -77,57 +142,95 @@ def peer_env() -> dict[str, str]:
     return dict(_STARTING_ENV)
 
 
-def run_rlstack(cfg) -> dict:
+def run_rlstack(cfg, out: str) -> dict:
     """Trainer construction to the end of training (the final export and evaluation are not
     counted: SB3's `learn` does neither)."""
     from rlstack.trainer import Trainer
 
-    with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
-        trainer = Trainer(cfg, out)
-        build = time.perf_counter() - start
-        summary = trainer.train()
+    start = time.perf_counter()
+    trainer = Trainer(cfg, out)
+    build = time.perf_counter() - start
+    summary = trainer.train()
     return {"seconds": build + summary["wall_seconds"], "steps": summary["total_steps"],
-            "eval_mean_return": summary["eval/mean_return"], "time_split_seconds": summary["time_split_seconds"]}
+            "eval_mean_return": summary["eval/mean_return"], "eval_returns": summary["eval/returns"],
+            "time_split_seconds": summary["time_split_seconds"]}
+
+
+def run_sb3(python: str, spec: dict) -> dict:
+    proc = subprocess.run([python, "-c", SB3_SCRIPT, json.dumps(spec)], capture_output=True, text=True,
+                          env=peer_env())
+    if proc.returncode:
+        raise SystemExit(f"Stable-Baselines3 run failed ({python}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median_row(name: str, cfg, ours: list[dict], peers: list[dict], evaluate: bool) -> dict:
+    rates = [r["steps"] / r["seconds"] for r in ours]
+    peer_rates = [r["steps"] / r["seconds"] for r in peers]
+    row = {"config": name, "algo": cfg.algo, "env": cfg.env.id, "seed": cfg.seed,
+           "total_steps": cfg.train.total_steps,
+           "rlstack_steps_per_second": round(statistics.median(rates), 1),
+           "sb3_steps_per_second": round(statistics.median(peer_rates), 1),
+           "rlstack": ours[0] if len(ours) == 1 else ours, "sb3": peers[0] if len(peers) == 1 else peers}
+    row["ratio"] = round(row["rlstack_steps_per_second"] / row["sb3_steps_per_second"], 2)
+    spread = "" if len(ours) == 1 else (
+        f" [medians of {len(ours)}; rlstack {min(rates):,.0f}-{max(rates):,.0f}, "
+        f"SB3 {min(peer_rates):,.0f}-{max(peer_rates):,.0f}]")
+    line = (f"{name} seed {cfg.seed} {cfg.env.id} {cfg.train.total_steps:,} steps: rlstack "
+            f"{row['rlstack_steps_per_second']:,.0f} steps/s, SB3 {row['sb3_steps_per_second']:,.0f} steps/s "
+            f"(torch {peers[0]['torch']}, {peers[0]['threads']} threads): {row['ratio']:.2f}x{spread}")
+    if evaluate:
+        row["rlstack_eval"] = [r["eval_mean_return"] for r in ours]
+        row["sb3_eval"] = [r["eval_mean_return"] for r in peers]
+        line += (f"; final evaluation over {cfg.env.eval_episodes} episodes: rlstack "
+                 f"{', '.join(f'{v:.2f}' for v in row['rlstack_eval'])}, SB3 "
+                 f"{', '.join(f'{v:.2f}' for v in row['sb3_eval'])}")
+    print(line, flush=True)
+    return row
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstack.bench peer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", required=True, help="interpreter of a venv with stable-baselines3 and torch")
-    parser.add_argument("--algos", default="ppo,dqn,sac", help="comma-separated: ppo, dqn, sac")
+    parser.add_argument("--algos", default="ppo,dqn,sac",
+                        help=f"comma-separated names of {CONFIGS} (ignored with --configs)")
+    parser.add_argument("--configs", default=None,
+                        help="comma-separated shipped config names or YAML paths, e.g. ppo_atari,dqn_minatar")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: each config's own)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each side, alternating rlstack and SB3; the medians are compared (the "
                              "speed of a shared machine drifts by 10-20%% within minutes)")
+    parser.add_argument("--evaluate", action="store_true",
+                        help="compare the final deterministic evaluations too (env.eval_episodes games a side)")
+    parser.add_argument("--keep", default=None,
+                        help="keep rlstack's run directories and SB3's TensorBoard logs under this directory "
+                             "(learning curves for `python -m rlstack.plot`)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides for both sides, "
+                                                     "e.g. train.total_steps=100000")
     args = parser.parse_args(argv)
 
     from rlstack.config import load_config
 
+    names = args.configs.split(",") if args.configs else [CONFIGS[a] for a in args.algos.split(",")]
+    # No periodic evaluation (SB3's `learn` runs none); everything else as shipped or overridden.
+    fixed = ["train.progress=off", "train.eval_every=0", "train.keep_best=false"]
     rows = []
-    for algo in args.algos.split(","):
-        # No periodic evaluation (SB3's `learn` runs none); everything else as shipped.
-        cfg = load_config(CONFIGS[algo], ["train.progress=off", "train.eval_every=0", "train.keep_best=false"])
-        ours, peers = [], []
-        for _ in range(args.repeats):
-            ours.append({"load_average": os.getloadavg()[0], **run_rlstack(cfg)})
-            load = os.getloadavg()[0]
-            peers.append({"load_average": load, **json.loads(
-                subprocess.run([args.python, "-c", SB3_SCRIPT, json.dumps(sb3_spec(algo, cfg))], check=True,
-                               capture_output=True, text=True, env=peer_env()).stdout.strip().splitlines()[-1])})
-        rates = [r["steps"] / r["seconds"] for r in ours]
-        peer_rates = [r["steps"] / r["seconds"] for r in peers]
-        row = {"algo": algo, "env": cfg.env.id, "total_steps": cfg.train.total_steps,
-               "rlstack_steps_per_second": round(statistics.median(rates), 1),
-               "sb3_steps_per_second": round(statistics.median(peer_rates), 1),
-               "rlstack": ours[0] if args.repeats == 1 else ours, "sb3": peers[0] if args.repeats == 1 else peers}
-        row["ratio"] = round(row["rlstack_steps_per_second"] / row["sb3_steps_per_second"], 2)
-        rows.append(row)
-        spread = "" if args.repeats == 1 else (
-            f" [medians of {args.repeats}; rlstack {min(rates):,.0f}-{max(rates):,.0f}, "
-            f"SB3 {min(peer_rates):,.0f}-{max(peer_rates):,.0f}]")
-        print(f"{algo} {cfg.env.id} {cfg.train.total_steps:,} steps: rlstack {row['rlstack_steps_per_second']:,.0f} "
-              f"steps/s, SB3 {row['sb3_steps_per_second']:,.0f} steps/s (torch {peers[0]['torch']}, "
-              f"{peers[0]['threads']} threads): {row['ratio']:.2f}x{spread}", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        keep = Path(args.keep) if args.keep else Path(scratch)
+        for name in names:
+            seeds = [None] if args.seeds is None else [int(s) for s in args.seeds.split(",")]
+            for seed in seeds:
+                extra = [] if seed is None else [f"seed={seed}"]
+                cfg = load_config(name, [*fixed, *args.overrides, *extra])
+                ours, peers = [], []
+                for repeat in range(args.repeats):
+                    tag = f"{Path(name).stem}_seed{cfg.seed}_{repeat}"
+                    ours.append({"load_average": os.getloadavg()[0],
+                                 **run_rlstack(cfg, str(keep / "rlstack" / tag))})
+                    spec = sb3_spec(cfg, args.evaluate, str(keep / "sb3" / tag) if args.keep else None)
+                    peers.append({"load_average": os.getloadavg()[0], **run_sb3(args.python, spec)})
+                rows.append(_median_row(Path(name).stem, cfg, ours, peers, args.evaluate))
     print(json.dumps(rows, indent=2))
     if args.json:
         with open(args.json, "w") as f:

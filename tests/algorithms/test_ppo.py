@@ -101,11 +101,11 @@ class _First(nn.Cell):
 
 @pytest.mark.parametrize("encoder", ["dense_test", "minatar_cnn"])
 def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatch, encoder):
-    """PPO's step is two graphs (policy gradient, then value gradient and Adam): an encoder both
-    heads read must get the gradient of the whole loss, value term included, as SB3's CnnPolicy
-    trains its shared features extractor. With SGD at lr 1 and no clipping the step moves every
-    parameter by exactly minus its gradient. A test-only dense encoder on CartPole, and the MinAtar
-    conv encoder on MinAtar-shaped frames."""
+    """An encoder both heads read must get the gradient of the whole loss, value term included, as
+    SB3's CnnPolicy trains its shared features extractor: PPO's step is then one graph (the
+    encoder's passes once), not the MLP's two. With SGD at lr 1 and no clipping the step moves
+    every parameter by exactly minus its gradient. A test-only dense encoder on CartPole, and the
+    MinAtar conv encoder on MinAtar-shaped frames."""
     monkeypatch.setitem(ENCODERS, "dense_test", _DenseEncoder)
     cfg = load_config(None, ["train.ent_coef=0.01", "train.max_grad_norm=1e9", "net.hidden=[16]"])
     frames = encoder != "dense_test"
@@ -120,6 +120,9 @@ def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatc
     optimizer = nn.SGD(policy + value, learning_rate=1.0)
     columns = Columns(network.obs_dim, 1)
     step = PPOStep(network, optimizer, cfg.train, policy, value, columns, shared_params=tuple(shared))
+    assert step.whole and step.policy_grad is None
+    step.set_schedule(1.0, 0.3)  # the clip range reaches the one graph
+    assert float(step.value_step.cell.clip_range.asnumpy()) == pytest.approx(0.3)
     step.set_schedule(1.0, 0.2)
 
     rng = np.random.default_rng(0)
