@@ -179,10 +179,17 @@ class PPOLoss(nn.Cell):
         self.policy = PolicyLoss(network, cfg)
         self.value = ValueLoss(network, cfg)
 
-    def construct(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value):
-        x = self.policy.network.features(obs)  # once: both heads read it
+    def parts(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value):
+        """(policy part of the loss, its info, value part of the loss, mse), the encoder's features
+        computed once for both heads."""
+        x = self.policy.network.features(obs)
         policy_loss, info = self.policy.of_features(x, obs, action, old_logp, weight, sign, bound, clip_range)
         value_loss, mse = self.value.of_features(x, ret, old_value)
+        return policy_loss, info, value_loss, mse
+
+    def construct(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value):
+        policy_loss, info, value_loss, mse = self.parts(obs, action, old_logp, weight, sign, bound, clip_range,
+                                                        ret, old_value)
         return policy_loss + value_loss, ops.concat((info[:1], mse.reshape(1), info[1:]))
 
 
@@ -263,20 +270,14 @@ class ValueGradAndStep(nn.Cell):
         return ops.concat((rows(policy_out, self.policy_size, policy_out.shape[0]), ops.stack((value_loss, mse))))
 
 
-class WholeLoss(nn.Cell):
+class WholeLoss(PPOLoss):
     """`PPOLoss` with the step's metrics as its second output: (loss, [policy part of the loss,
     policy_loss, entropy, approx_kl, clip_fraction, ratio_dev, value part of the loss, mse]), the
     two-graph step's order."""
 
-    def __init__(self, network: Network, cfg: PPOConfig):
-        super().__init__()
-        self.policy = PolicyLoss(network, cfg)
-        self.value = ValueLoss(network, cfg)
-
     def construct(self, obs, action, old_logp, weight, sign, bound, clip_range, ret, old_value):
-        x = self.policy.network.features(obs)  # once: both heads read it
-        policy_loss, info = self.policy.of_features(x, obs, action, old_logp, weight, sign, bound, clip_range)
-        value_loss, mse = self.value.of_features(x, ret, old_value)
+        policy_loss, info, value_loss, mse = self.parts(obs, action, old_logp, weight, sign, bound, clip_range,
+                                                        ret, old_value)
         return policy_loss + value_loss, ops.concat((policy_loss.reshape(1), info, ops.stack((value_loss, mse))))
 
 
