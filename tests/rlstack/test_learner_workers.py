@@ -28,13 +28,12 @@ def _checkpoint_digest(run: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, every_core):
+def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("workers")
     dp = root / "dp"
-    with every_core():  # three processes waiting on each other's collectives
-        done = subprocess.run([sys.executable, "-m", "rlstack.train", "learner.workers=2",
-                               "train.total_steps=2048", *COMMON, "--out", str(dp)],
-                              capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    done = subprocess.run([sys.executable, "-m", "rlstack.train", "learner.workers=2", "train.total_steps=2048",
+                           *COMMON, "--out", str(dp)], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     single = root / "single"
     Trainer(load_config(None, ["train.total_steps=1024", *COMMON]), single).train()

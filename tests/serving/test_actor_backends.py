@@ -51,13 +51,12 @@ class TwoNodes:
 
 
 @pytest.fixture(scope="module")
-def cluster(every_core) -> Iterator[TwoNodes]:
+def cluster() -> Iterator[TwoNodes]:
     import ray
 
-    with every_core():  # Ray's processes, and the actors they start
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-        worker = cluster.add_node(num_cpus=2)
-        ray.init(address=cluster.address)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    worker = cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address)
     try:
         nodes = ray.nodes()
         assert len(nodes) == 2 and all(n["Alive"] for n in nodes)

@@ -46,12 +46,11 @@ serve_root = test_server.serve_root  # a run directory of this module's own, sta
 
 
 @pytest.fixture(scope="module")
-def server(serve_root: Path, tmp_path_factory: pytest.TempPathFactory, every_core) -> Iterator[ServerProcess]:
+def server(serve_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Two replicas; token from the environment, batching window 5 ms, LATEST polled every 0.2 s."""
-    with every_core():  # the server's own Ray cluster and replicas
-        proc = ServerProcess([str(serve_root), "--replicas", str(REPLICAS), "--max-wait-ms", "5",
-                              "--max-body-bytes", "65536", "--reload-poll-s", "0.2"],
-                             tmp_path_factory.mktemp("replicas_log") / "server.log", env={"RLSTACK_TOKEN": TOKEN})
+    proc = ServerProcess([str(serve_root), "--replicas", str(REPLICAS), "--max-wait-ms", "5",
+                          "--max-body-bytes", "65536", "--reload-poll-s", "0.2"],
+                         tmp_path_factory.mktemp("replicas_log") / "server.log", env={"RLSTACK_TOKEN": TOKEN})
     yield proc
     proc.stop()
 
@@ -171,8 +170,7 @@ def test_a_new_version_reaches_every_replica_while_clients_send(
 # ----- a two-node cluster ----------------------------------------------------------------------
 
 def test_two_replicas_on_the_worker_node_of_a_two_node_cluster(trained_run: Path,
-                                                               tmp_path_factory: pytest.TempPathFactory,
-                                                               every_core) -> None:
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
     """`--ray-address`: the command joins a cluster of a head node (no CPUs) and a worker node (2
     CPUs), all on 127.0.0.1; each replica needs a CPU, so both run on the worker node. They answer
     as `load_policy` does and take a new version under load without a failed request."""
@@ -186,18 +184,16 @@ def test_two_replicas_on_the_worker_node_of_a_two_node_cluster(trained_run: Path
     (root / "policy").mkdir()
     publish(trained_run / "policy" / "v000001", root / "policy", "v000001")
     refs = References(root / "policy")
-    with every_core():  # Ray's processes and the replicas they start
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-        cluster.add_node(num_cpus=REPLICAS)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=REPLICAS)
     server = None
     try:
         ray.init(address=cluster.address)
         assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"} and len(ray.nodes()) == 2
-        with every_core():
-            server = ServerProcess([str(root), "--replicas", str(REPLICAS), "--ray-address", cluster.address,
-                                    "--max-wait-ms", "5", "--reload-poll-s", "0.2"],
-                                   tmp_path_factory.mktemp("replicas_cluster_log") / "server.log",
-                                   env={"RLSTACK_TOKEN": TOKEN})
+        server = ServerProcess([str(root), "--replicas", str(REPLICAS), "--ray-address", cluster.address,
+                                "--max-wait-ms", "5", "--reload-poll-s", "0.2"],
+                               tmp_path_factory.mktemp("replicas_cluster_log") / "server.log",
+                               env={"RLSTACK_TOKEN": TOKEN})
         # The worker node's 2 CPUs are the cluster's only ones, and the replicas hold both.
         assert ray.cluster_resources()["CPU"] == REPLICAS and ray.available_resources().get("CPU", 0) == 0
         with httpx.Client(base_url=server.url, headers=AUTH, timeout=30.0) as client:
