@@ -28,6 +28,7 @@ import pytest
 
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import ConfigError, load_config
+from tests.serving.test_server import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.actors]
 
@@ -128,10 +129,7 @@ def test_ppo_with_two_ray_actors_survives_one_killed_mid_run(cluster, tmp_path, 
     assert set(_placement(out)) == {cluster.worker_node_id[:12]}  # both actors on the worker node
     # The pool stopped its actors: `ray.kill` returns at once and the process exits soon after (one
     # was still there just after the run ended on a busy core); one that never exits fails here.
-    deadline = time.monotonic() + 60
-    while _actor_pids() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _actor_pids()
+    wait_for(lambda: not _actor_pids(), 60, "the pool's actor processes to exit")
 
 
 def test_ray_actors_act_bitwise_as_the_strict_learner_and_follow_published_weights(cluster, tmp_path):
