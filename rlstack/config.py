@@ -551,21 +551,23 @@ def config_hash(cfg: Config) -> str:
 def describe(algo: str = "ppo") -> str:
     """Every key with its default and docstring, for `--help` (without loading MindSpore)."""
     schema = _schema(algo, for_help=True)
+    docs = _docs(algo)
     lines = []
     for key in _valid_keys(schema):
         node = OmegaConf.select(schema, key)
         if isinstance(node, DictConfig):
             continue
-        lines.append(f"  {key} = {node!r}{'  # ' + _doc(algo, key) if _doc(algo, key) else ''}")
+        lines.append(f"  {key} = {node!r}{'  # ' + docs[key] if docs.get(key) else ''}")
     return "\n".join(lines)
 
 
-def _doc(algo: str, key: str) -> str:
+def _docs(algo: str) -> dict[str, str]:
+    """Every documented key of algorithm `algo`'s config -> its docstring (each class's source read
+    once)."""
     classes = {"": Config, "env": EnvConfig, "net": NetConfig, "train": help_config(algo),
                "selfplay": SelfPlayConfig, "ray": RayConfig, "learner": LearnerConfig}
-    section, _, name = key.rpartition(".")
-    cls = classes.get(section)
-    return field_docs(cls).get(name, "") if cls else ""
+    return {f"{section}.{name}" if section else name: doc
+            for section, cls in classes.items() for name, doc in field_docs(cls).items()}
 
 
 def field_docs(cls: type) -> dict[str, str]:
