@@ -9,6 +9,7 @@ import pytest
 
 from rlstack.bench import graphs
 
+pytestmark = pytest.mark.slow  # a minute or more: scheduled early (tests/conftest.py)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 # Lines as MindSpore 2.10 writes them (GLOG INFO for PIPELINE and RUNTIME_FRAMEWORK), shortened.

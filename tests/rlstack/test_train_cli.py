@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # a minute or more: scheduled early (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["train.total_steps=512", "train.progress=log", "env.eval_episodes=2", "train.n_epochs=2"]

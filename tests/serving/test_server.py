@@ -43,6 +43,8 @@ from rlstack.fsutil import atomic_write_text
 from rlstack.network import NoiseKind, sample_noise
 from rlstack.runtime import flush_denormals
 
+pytestmark = pytest.mark.slow  # a minute or more: scheduled early (tests/conftest.py)
+
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 OBS_DIM = 4  # CartPole
