@@ -38,7 +38,7 @@ from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
 from rlstack.registry import Progress
-from rlstack.replay import ReplayBatch, ReplayBuffer
+from rlstack.replay import Replay, ReplayBatch
 from rlstack.schedules import parse_schedule
 
 
@@ -224,7 +224,7 @@ class DQN(registry.Algorithm):
     def acting_key(self) -> tuple:
         return (self.epsilon,)
 
-    def learn(self, replay: ReplayBuffer, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
+    def learn(self, replay: Replay, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
         """`gradient_steps` gradient steps on minibatches from `replay`; the target network is
         updated every `target_update_interval` environment steps. Returns `train/...` metrics."""
         lr, steps = self.lr(progress.remaining), progress.steps

@@ -35,7 +35,7 @@ from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
 from rlstack.graphcall import LeanCall, to_numpy, written_by
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.registry import Progress
-from rlstack.replay import ReplayBuffer
+from rlstack.replay import Replay
 from rlstack.schedules import parse_schedule
 
 
@@ -234,7 +234,7 @@ class SAC(registry.Algorithm):
     def alpha(self) -> float:
         return float(np.exp(self.update.log_alpha.asnumpy()))
 
-    def learn(self, replay: ReplayBuffer, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
+    def learn(self, replay: Replay, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
         """`gradient_steps` SAC gradient steps on minibatches from `replay`; the target critics
         are updated every `target_update_interval` gradient steps. Returns `train/...` metrics."""
         lr = self.lr(progress.remaining)

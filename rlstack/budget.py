@@ -27,7 +27,8 @@ from rlstack.collector import trajectory_specs
 from rlstack.config import Config, ConfigError, OffPolicyConfig
 from rlstack.encoders import encoder_size
 from rlstack.envs import make_env
-from rlstack.spaces import flat_masked_space, mask_dim_of, obs_dtype_of
+from rlstack.replay import FrameReplay
+from rlstack.spaces import flat_masked_space, is_image_space, mask_dim_of, obs_dtype_of
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 FLOAT = 4  # float32, the dtype of every parameter and stored observation
@@ -131,7 +132,8 @@ def estimate(cfg: Config, obs_space: gym.Space, action_space: gym.Space) -> list
     encoder = encoder_size(cfg.net.encoder, flat_masked_space(obs_space))
     needs = [_network_need(cfg, encoder, action_dim), _env_need(cfg), _evaluation_need(cfg, obs_space),
              *_rollout_needs(cfg, chunk, obs_dim, action_dim, discrete, obs_item),
-             *_replay_needs(cfg, obs_dim, action_dim, discrete, obs_item), _activation_need(cfg, encoder[2])]
+             *_replay_needs(cfg, obs_dim, action_dim, discrete, obs_item, obs_space, action_space),
+             _activation_need(cfg, encoder[2])]
     if cfg.actors:
         per_actor = PROCESS_BYTES + cfg.env.n_envs * _env_bytes(cfg) + chunk
         needs.append(Need("the actor processes", (("actors", cfg.actors),), cfg.actors * per_actor, cfg.actors,
@@ -280,12 +282,13 @@ def _rollout_needs(cfg: Config, chunk: int, obs_dim: int, action_dim: int, discr
     return [Need("the rollout storage", (("env.n_envs", cfg.env.n_envs), steps), chunk, rows)]
 
 
-def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool, obs_item: int) -> list[Need]:
-    """The replay buffer, as rlstack/replay.py stores a transition (obs and next_obs float32 or
-    uint8 frames, the
-    action, reward float32, terminated and truncated bool), and the K x B rows one update samples,
-    gathered on the host and copied into Tensors (SAC adds two noise arrays); a search learner's
-    replay of positions (`algorithms/alphazero.py`)."""
+def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool, obs_item: int,
+                  obs_space: gym.Space, action_space: gym.Space) -> list[Need]:
+    """The replay buffer, as rlstack/replay.py stores a transition (obs and next_obs float32, the
+    action, reward float32, terminated and truncated bool; image observations as `FrameReplay`
+    stores them, each frame once), and the K x B rows one update samples, gathered on the host and
+    copied into Tensors (SAC adds two noise arrays); a search learner's replay of positions
+    (`algorithms/alphazero.py`)."""
     tc = cfg.train
     if hasattr(tc, "replay_positions"):  # a search learner: obs, the search's distribution, the outcome
         row = FLOAT * (obs_dim + action_dim + 1)
@@ -297,8 +300,11 @@ def _replay_needs(cfg: Config, obs_dim: int, action_dim: int, discrete: bool, ob
     # sampled rows are gathered as stored, then packed as float32 columns for the update graph
     packed = 2 * FLOAT * obs_dim + FLOAT * (1 if discrete else action_dim) + FLOAT + 1 + 1
     sampled = tc.gradient_steps * tc.batch_size
-    return [Need("the replay buffer", (("train.buffer_size", tc.buffer_size),), tc.buffer_size * transition,
-                 tc.buffer_size, detail=f"{transition} B per transition"),
+    stored = tc.buffer_size * transition
+    if is_image_space(obs_space):
+        stored = FrameReplay.nbytes_for(tc.buffer_size, obs_space, action_space, cfg.env.n_envs)
+    return [Need("the replay buffer", (("train.buffer_size", tc.buffer_size),), stored,
+                 tc.buffer_size, detail=f"{stored // max(1, tc.buffer_size)} B per transition"),
             Need("the sampled minibatches of one update",
                  (("train.gradient_steps", tc.gradient_steps), ("train.batch_size", tc.batch_size)),
                  sampled * (transition + packed + 12 + 4 * FLOAT * action_dim), sampled)]

@@ -19,6 +19,9 @@ initialisation, another computation), `conv_layer` (the fast layer on the CPU, M
 - Between convolutions the activations stay channels-last (NHWC): no layout change between layers.
 - The dense layer after them stores its weight input-major (`InputMajorDense`):
   docs/PERFORMANCE.md#convolutions.
+- `parity: strict` (`batch_invariant`): every product with the rows along the columns
+  (`rlstack.layers.RowWiseMatMul`) and one method at every batch size, so each output row is
+  bitwise independent of the batch: docs/PERFORMANCE.md#strict-parity.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import HeUniform, Uniform, initializer
 from mindspore.ops import functional as F
+
+from rlstack.layers import RowWiseMatMul
 
 METHODS = ("auto", "split", "concat", "gather")
 """How `Conv2dFast` gathers the input windows: `split` (one product per kernel tap, summed), `concat`
@@ -133,7 +138,8 @@ class Conv2dFast(nn.Conv2d):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int],
                  stride: int | Sequence[int] = 1, weight_init=None, bias_init=None, *,
-                 method: str = "auto", in_format: str = "NCHW", out_format: str = "NCHW"):
+                 method: str = "auto", in_format: str = "NCHW", out_format: str = "NCHW",
+                 batch_invariant: bool = False):
         kernel_size, stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
         super().__init__(in_channels, out_channels, kernel_size, stride, pad_mode="valid", has_bias=True,
                          weight_init=weight_init, bias_init=bias_init)
@@ -142,17 +148,19 @@ class Conv2dFast(nn.Conv2d):
         for name, fmt in (("in_format", in_format), ("out_format", out_format)):
             if fmt not in FORMATS:
                 raise ValueError(f"{name} must be one of {FORMATS}, got {fmt!r}")
-        if method == "auto" and choose_method(in_channels, kernel_size, stride) == choose_method(
-                in_channels, kernel_size, stride, SPLIT_MIN_ROWS):
-            method = choose_method(in_channels, kernel_size, stride)  # the same at every batch size
+        if method == "auto" and (batch_invariant or choose_method(in_channels, kernel_size, stride) == choose_method(
+                in_channels, kernel_size, stride, SPLIT_MIN_ROWS)):
+            method = choose_method(in_channels, kernel_size, stride)  # one method at every batch size
         (kh, kw), (sh, sw) = kernel_size, stride
         if method in ("split", "concat") and (kh % sh or kw % sw):
             raise ValueError(f"method {method!r} needs the stride {stride} to divide the kernel {kernel_size} "
                              "(space-to-depth); use method='gather'")
         self.method, self.in_format, self.out_format = method, in_format, out_format
         self.taps = [(a, b) for a in range(kh // sh) for b in range(kw // sw)] if method != "gather" else []
+        self.batch_invariant = batch_invariant
         self.matmul = ops.MatMul()
         self.matmul_nt = ops.MatMul(transpose_b=True)
+        self.row_matmul = RowWiseMatMul()
         self.row_bias = RowBias()
         self.add_n = ops.AddN()
 
@@ -224,20 +232,24 @@ class Conv2dFast(nn.Conv2d):
         order = (2, 4, 1, 3, 5, 0) if self.in_format == "NCHW" else (2, 4, 3, 5, 1, 0)
         return ops.transpose(w, order).reshape(len(self.taps), -1, self.out_channels)
 
+    def _product(self, x, w):
+        """x [M, K] @ w [K, N] (rows along the columns with `batch_invariant`)."""
+        return self.row_matmul(x, w.T) if self.batch_invariant else self.matmul(x, w)
+
     def _taps(self, xs, oh, ow, method):
         """[B*OH*OW, O] before the bias, from the space-to-depth input `xs`."""
         batch, width = xs.shape[0], xs.shape[3]
         weights = self._tap_weights()
         windows = [ops.slice(xs, (0, a, b, 0), (batch, oh, ow, width)) for a, b in self.taps]
         if len(windows) == 1:
-            return self.matmul(windows[0].reshape(-1, width), weights.reshape(width, -1))
+            return self._product(windows[0].reshape(-1, width), weights.reshape(width, -1))
         if method == "concat":
             columns = ops.concat(windows, 3).reshape(-1, len(windows) * width)
-            return self.matmul(columns, weights.reshape(len(windows) * width, -1))
+            return self._product(columns, weights.reshape(len(windows) * width, -1))
         parts = []
         for t, window in enumerate(windows):
             tap_weight = ops.slice(weights, (t, 0, 0), (1, width, self.out_channels)).reshape(width, -1)
-            parts.append(self.matmul(window.reshape(-1, width), tap_weight))
+            parts.append(self._product(window.reshape(-1, width), tap_weight))
         return self.add_n(parts)
 
     def _gather(self, x, channels, height, width):
@@ -248,7 +260,8 @@ class Conv2dFast(nn.Conv2d):
         indices = Tensor(gather_indices(channels, (height, width), self.kernel_size, self.stride, self.in_format))
         columns = ops.gather(x.reshape(x.shape[0], -1), indices, 1).reshape(-1, channels * kh * kw)
         w = self.weight if self.in_format == "NCHW" else ops.transpose(self.weight, (0, 2, 3, 1))
-        return self.matmul_nt(columns, w.reshape(self.out_channels, -1))
+        w = w.reshape(self.out_channels, -1)
+        return self.row_matmul(columns, w) if self.batch_invariant else self.matmul_nt(columns, w)
 
 
 def resolve_form(form: str) -> str:
@@ -280,7 +293,7 @@ class InputMajorDense(nn.Cell):
     docs/PERFORMANCE.md#convolutions). Initialised as `nn.Dense` (its defaults, or `weight_init` /
     `bias_init` drawn for the [out, in] weight and transposed)."""
 
-    def __init__(self, in_dim: int, out_dim: int, weight_init=None, bias_init=None):
+    def __init__(self, in_dim: int, out_dim: int, weight_init=None, bias_init=None, batch_invariant: bool = False):
         super().__init__()
         weight = initializer(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, [out_dim, in_dim],
                              ms.float32).init_data().asnumpy()
@@ -289,9 +302,12 @@ class InputMajorDense(nn.Cell):
         self.bias = Parameter(initializer(bias_init, [out_dim], ms.float32), name="bias")
         self.matmul = ops.MatMul()
         self.row_bias = RowBias()
+        self.batch_invariant = batch_invariant
+        self.row_matmul = RowWiseMatMul()
 
     def construct(self, x):
-        return self.row_bias(self.matmul(x, self.weight), self.bias)
+        y = self.row_matmul(x, self.weight.T) if self.batch_invariant else self.matmul(x, self.weight)
+        return self.row_bias(y, self.bias)
 
 
 class ConvStack(nn.Cell):
@@ -307,9 +323,12 @@ class ConvStack(nn.Cell):
 
     def __init__(self, in_shape: Sequence[int], layers: Sequence[tuple[int, int, int]], form: str = "auto",
                  weight_init=None, bias_init=None, method: str = "auto", dense: int | None = None,
-                 in_format: str = "NCHW"):
+                 in_format: str = "NCHW", batch_invariant: bool = False):
         super().__init__()
         self.form = resolve_form(form)
+        if batch_invariant and self.form == "native":
+            raise ValueError("parity: strict with a conv encoder needs its CPU form (net.conv_form: matmul): "
+                             "nn.Conv2d's rows depend on the batch")
         if in_format not in FORMATS:
             raise ValueError(f"in_format must be one of {FORMATS}, got {in_format!r}")
         # The native layer reads NCHW only: NHWC input is transposed first on that form.
@@ -327,7 +346,8 @@ class ConvStack(nn.Cell):
             else:
                 conv = Conv2dFast(channels, out_channels, kernel_size, stride, weight_init, bias_init,
                                   method=method if isinstance(method, str) else method[i],
-                                  in_format=in_format if i == 0 else "NHWC", out_format="NHWC")
+                                  in_format=in_format if i == 0 else "NHWC", out_format="NHWC",
+                                  batch_invariant=batch_invariant)
                 height, width = conv.output_size(height, width)
             convs.append(conv)
             channels = out_channels
@@ -336,7 +356,7 @@ class ConvStack(nn.Cell):
         self.out_dim = channels * height * width
         self.dense = None
         if dense is not None:
-            self.dense = InputMajorDense(self.out_dim, dense, weight_init, bias_init)
+            self.dense = InputMajorDense(self.out_dim, dense, weight_init, bias_init, batch_invariant)
             self.out_dim = dense
 
     def construct(self, x):

@@ -101,7 +101,8 @@ class ConvEncoder(nn.Cell):
         weight_init = Orthogonal(gain=math.sqrt(2.0)) if ortho else None
         self.stack = ConvStack((c, h, w), self.LAYERS, getattr(spec, "conv_form", "auto"), weight_init,
                                Zero() if ortho else None, dense=self.DENSE,
-                               in_format="NHWC" if channels_last else "NCHW")
+                               in_format="NHWC" if channels_last else "NCHW",
+                               batch_invariant=bool(getattr(spec, "batch_invariant", False)))
         self.out_dim = self.stack.out_dim
         self.form = self.stack.form
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from rlstack.collector import Trajectory
 from rlstack.registry import Algorithm, ChunkSource, Progress
-from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, ReplayBuffer
+from rlstack.replay import CHECKPOINT_REPLAY_MAX_BYTES, REPLAY_FILE, make_replay
 
 
 class Learner(Protocol):
@@ -65,7 +65,7 @@ def learn_from_replay(trainer: Learner, source: ChunkSource, publish: Callable[[
     (`gradient_steps` gradient steps) once `learning_starts` steps are in. A resumed run
     without its replay buffer refills it before learning again."""
     algo, tc, c = trainer.algo, trainer.cfg.train, trainer.counters
-    replay = ReplayBuffer.for_spaces(tc.buffer_size, trainer.obs_space, trainer.action_space)
+    replay = make_replay(tc.buffer_size, trainer.obs_space, trainer.action_space, trainer.cfg.env.n_envs)
     keep = tc.checkpoint_replay if tc.checkpoint_replay is not None else (
         replay.nbytes <= CHECKPOINT_REPLAY_MAX_BYTES)
     if keep:

@@ -25,8 +25,8 @@ class DataPath(StrEnum):
     ROLLOUT = "rollout"
     """Each chunk the collector (or an actor) gathered, whole: on-policy algorithms (PPO)."""
     REPLAY = "replay"
-    """The replay buffer the trainer adds every chunk to (`rlstack.replay.ReplayBuffer`):
-    off-policy algorithms (DQN, SAC)."""
+    """The replay buffer the trainer adds every chunk to (`rlstack.replay.make_replay`: a
+    `ReplayBuffer`, or a `FrameReplay` for image observations): off-policy algorithms (DQN, SAC)."""
     OWN = "own"
     """Chunks the algorithm makes itself (`make_source`), e.g. a search learner's self-play games."""
 

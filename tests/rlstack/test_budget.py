@@ -14,7 +14,7 @@ import pytest
 from rlstack import budget
 from rlstack.config import ConfigError, load_config, shipped_configs
 from rlstack.envs import EnvError, make_vector_env
-from rlstack.replay import ReplayBuffer
+from rlstack.replay import make_replay
 
 GiB = 2**30
 MACHINE = 64 * GiB
@@ -76,9 +76,10 @@ def test_every_other_size_key_is_refused(config, overrides, needed_for):
 def test_every_shipped_config_fits_on_this_machine(path):
     cfg = load_config(path)
     budget.check_fits(cfg, *spaces_of(cfg))  # the memory this machine has available now
-    # Atari from pixels: DQN's replay of 100k stacked frames (obs and next obs, uint8) is ~5.3 GiB,
-    # as Stable-Baselines3's is with the Zoo's settings; PPO's minibatch through Nature CNN ~0.8 GiB.
-    limit = {"dqn_atari": 6 * GiB, "ppo_atari": 2 * GiB}.get(path.stem, GiB)
+    # Atari from pixels: DQN's replay of 100k transitions, each 84x84 frame stored once, ~0.7 GiB
+    # (Stable-Baselines3's, an obs and a next obs of 4 frames each: ~5.3 GiB); PPO's minibatch
+    # through Nature CNN ~0.8 GiB.
+    limit = {"dqn_atari": GiB, "ppo_atari": 2 * GiB}.get(path.stem, GiB)
     assert sum(n.nbytes for n in budget.estimate(cfg, *spaces_of(cfg))) < limit
 
 
@@ -102,11 +103,12 @@ def test_the_estimate_grows_with_the_value():
 
 
 def test_replay_estimate_is_what_the_replay_buffer_allocates():
-    for config in ("dqn_cartpole", "sac_pendulum", "dqn_minatar"):  # MinAtar's frames as uint8
+    # MinAtar's planes and Atari's stacked frames as uint8, each stored once (FrameReplay)
+    for config in ("dqn_cartpole", "sac_pendulum", "dqn_minatar", "dqn_atari"):
         cfg = load_config(config)
         obs_space, action_space = budget.probe_spaces(cfg)
-        per_transition = ReplayBuffer.for_spaces(1, obs_space, action_space).bytes_per_transition
-        assert needs_of(config)["the replay buffer"] == cfg.train.buffer_size * per_transition
+        replay = make_replay(cfg.train.buffer_size, obs_space, action_space, cfg.env.n_envs)  # (untouched pages)
+        assert needs_of(config)["the replay buffer"] == replay.nbytes
 
 
 def test_probe_spaces_are_the_vector_envs_single_spaces():

@@ -65,6 +65,36 @@ def test_strict_mode_is_bitwise_equal_across_batch_sizes(tmp_path, head):
     assert all(np.array_equal(a.asnumpy(), b[:64]) for a, b in zip(plain, reference, strict=True))
 
 
+FRAMES = {"minatar_cnn": gym.spaces.Box(0, 1, (10, 10, 4), bool),  # planes, channels last
+          "nature_cnn": gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)}  # Atari's stacked frames
+
+
+@pytest.mark.parametrize("encoder", sorted(FRAMES))
+def test_strict_conv_encoders_are_bitwise_equal_across_batch_sizes(tmp_path, encoder):
+    """The conv encoders' rows, live and exported, at every batch size: the same bits."""
+    space, actions = FRAMES[encoder], gym.spaces.Discrete(3)
+    ms.set_seed(0)
+    net = Network(space, actions, NetSpec(hidden=(), encoder=encoder, batch_invariant=True,
+                                          policy=PolicyKind.CATEGORICAL))
+    assert net.encoder.form == "matmul"
+    version = export_policy(net, tmp_path, algorithm="ppo", obs_space=space, action_space=actions, device="cpu",
+                            fusion=False, config_hash="t")
+    policy, live = load_policy(version), Acting.of_network(net, space, actions)
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 2 if space.dtype == bool else 256, (96, *space.shape)).astype(np.uint8)
+    noise = sample_noise(net.noise_kind, net.noise_dim, len(obs), rng)
+    reference = _rows_at(live, obs, noise, len(obs))
+    for fn, where in ((live, "live module"), (policy.run, "exported graph")):
+        for batch in (1, 5, 32):
+            rows = (len(obs) // batch) * batch if batch != 1 else 6
+            got = _rows_at(fn, obs[:rows], noise[:rows], batch)
+            for name, a, b in zip(("action", "logp", "value"), got, reference, strict=True):
+                assert np.array_equal(a, b[:rows]), f"{encoder}: {where} {name} at batch {batch} differs"
+    with pytest.raises(ValueError, match="conv_form: matmul"):
+        Network(space, actions, NetSpec(hidden=(), encoder=encoder, conv_form="native", batch_invariant=True,
+                                        policy=PolicyKind.CATEGORICAL))
+
+
 def test_strict_and_fast_networks_have_the_same_parameters():
     fast, strict = _net("sac", strict=False), _net("sac", strict=True)
     assert [(p.name, p.shape) for p in fast.get_parameters()] == [(p.name, p.shape) for p in strict.get_parameters()]

@@ -1,12 +1,16 @@
 """The replay buffer (ring wraparound, terminated vs truncated, checkpoint file) and what the
 trainer's off-policy loop stores in it."""
 
+import tempfile
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from rlstack.config import load_config
-from rlstack.replay import REPLAY_FILE, ReplayBuffer
+from rlstack.envs import make_vector_env
+from rlstack.replay import REPLAY_FILE, FrameReplay, ReplayBatch, ReplayBuffer, make_replay
 from rlstack.trainer import Trainer
 
 
@@ -137,3 +141,99 @@ def test_frames_are_stored_as_uint8_and_come_back_as_stored(tmp_path):
     floats = ReplayBuffer(8, (10, 10, 4), (), np.int32)  # a buffer of float32 observations refuses it
     with pytest.raises(ValueError, match="uint8"):
         floats.load(tmp_path / "replay.npz")
+
+
+def _play(env_id: str, n_envs: int, steps: int, seed: int):
+    """Vector steps of random play as the collector stores them: (obs, action, reward, next_obs,
+    terminated, truncated), next_obs the final observation where an episode ended."""
+    envs = make_vector_env(env_id, n_envs)
+    rng = np.random.default_rng(seed)
+    try:
+        obs, _ = envs.reset(seed=seed)
+        for _ in range(steps):
+            action = rng.integers(0, envs.single_action_space.n, n_envs)
+            after, reward, terminated, truncated, info = envs.step(action)
+            next_obs = after.copy()
+            for i in np.flatnonzero(terminated | truncated):
+                next_obs[i] = info["final_obs"][i]
+            yield obs, action, reward.astype(np.float32), next_obs, terminated, truncated
+            obs = after
+    finally:
+        envs.close()
+
+
+def _newest(replay) -> np.ndarray:
+    return (replay.pos - replay.size + np.arange(replay.size)) % replay.capacity
+
+
+def _assert_same_rows(frames: FrameReplay, plain: ReplayBuffer) -> None:
+    """The frame replay holds the plain buffer's newest transitions, bit for bit."""
+    assert 0 < frames.size <= plain.size and frames.pos == plain.pos
+    rows = _newest(frames)
+    for field, a, b in zip(ReplayBatch._fields, frames.gather(rows), plain.gather(rows), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b), field
+
+
+@pytest.mark.parametrize(("env_id", "frames"), [("BreakoutNoFrameskip-v4", 4), ("MinAtar/Breakout-v1", 1)])
+def test_frame_replay_reads_back_what_was_added_and_stores_each_frame_once(tmp_path, env_id, frames):
+    """Atari's stacks of 4 frames ([4, 84, 84]: a lost life ends a training episode) and MinAtar's
+    planes ([10, 10, 4], one unit per observation), two envs, past a wraparound of the ring: every
+    transition read back equals the plain buffer's; a checkpoint mid-way resumes exactly."""
+    capacity, n_envs = 96, 2
+    steps = list(_play(env_id, n_envs, 160, seed=3))
+    space = make_vector_env(env_id, 1).single_observation_space
+    replay = make_replay(capacity, space, gym.spaces.Discrete(3), n_envs)
+    plain = ReplayBuffer.for_spaces(capacity, space, gym.spaces.Discrete(3))
+    assert isinstance(replay, FrameReplay) and replay.k == frames
+    ends = 0
+    for t, step in enumerate(steps):
+        replay.add(*step)
+        plain.add(*step)
+        ends += int(np.sum(step[4] | step[5]))
+        _assert_same_rows(replay, plain)
+        if t == 100:
+            replay.save(tmp_path / REPLAY_FILE)
+            resumed = make_replay(capacity, space, gym.spaces.Discrete(3), n_envs)
+            resumed.load(tmp_path / REPLAY_FILE)
+    assert ends >= 2 and replay.size == capacity  # episodes ended, and the ring is full
+    for step in steps[101:]:
+        resumed.add(*step)
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    for a, b in zip(replay.sample((4, 32), rng_a), resumed.sample((4, 32), rng_b), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # One unit per transition (an obs and its next obs share all but one), one more per episode.
+    assert replay.count <= len(steps) * n_envs + ends + n_envs * frames
+
+
+def test_frame_replay_never_reads_an_overwritten_frame():
+    """Frames that share nothing (every unit new) fill the ring faster than transitions: the oldest
+    transitions leave the buffer first, and what stays reads back exactly."""
+    rng = np.random.default_rng(0)
+    replay = FrameReplay(64, (4, 6, 6), (), np.int32, frames=4)
+    plain = ReplayBuffer(64, (4, 6, 6), (), np.int32, np.uint8)
+    for _ in range(100):
+        obs, next_obs = rng.integers(0, 256, (2, 1, 4, 6, 6), dtype=np.uint8)
+        step = (obs, rng.integers(0, 3, 1), rng.random(1).astype(np.float32), next_obs, np.zeros(1, bool),
+                np.zeros(1, bool))
+        replay.add(*step)
+        plain.add(*step)
+        _assert_same_rows(replay, plain)
+    assert replay.size < replay.slots // 8  # 8 new units per transition
+    with pytest.raises(ValueError, match="does not fit"):
+        FrameReplay(64, (4, 6, 6), (), np.int32, frames=1).load(_saved(replay))
+
+
+def _saved(replay) -> Path:
+    path = Path(tempfile.mkdtemp()) / REPLAY_FILE
+    replay.save(path)
+    return path
+
+
+def test_a_1m_atari_replay_needs_what_stable_baselines3s_does():
+    """1M transitions of Atari's [4, 84, 84] frames: ~7.5 GB (each frame once), not the ~56 GB of
+    an observation and a next observation per transition."""
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    nbytes = FrameReplay.nbytes_for(1_000_000, frames, gym.spaces.Discrete(4))
+    assert 7.0e9 < nbytes < 7.6e9
+    small = FrameReplay.for_spaces(1000, frames, gym.spaces.Discrete(4))
+    assert small.nbytes == FrameReplay.nbytes_for(1000, frames, gym.spaces.Discrete(4))
