@@ -149,7 +149,7 @@ class DQNStep(nn.Cell):
         q_taken = ops.gather_elements(q, 1, action.reshape(-1, 1)).squeeze(-1)  # [B]
         # smooth-L1 with beta 1 is Huber with delta 1 (torch's smooth_l1_loss, as SB3): one kernel.
         loss = ops.smooth_l1_loss(q_taken, target, beta=1.0, reduction="mean")
-        return loss, ops.stack((q_taken.mean(), target.mean()))
+        return loss, (q_taken.mean(), target.mean())
 
     @staticmethod
     def pack(b: ReplayBatch) -> np.ndarray:
@@ -160,11 +160,13 @@ class DQNStep(nn.Cell):
 
     def construct(self, batch):
         d = self.obs_dim
-        (loss, stats), grads = self.grad(columns(batch, 0, d), columns(batch, d, 2 * d),
+        (loss, (q_mean, target_mean)), grads = self.grad(columns(batch, 0, d), columns(batch, d, 2 * d),
                                          column(batch, 2 * d).astype(ms.int32), column(batch, 2 * d + 1),
                                          column(batch, 2 * d + 2))
         self.optimizer(clip_by_global_norm(grads, self.max_grad_norm))
-        return ops.concat((loss.reshape(1), stats))
+        # one Stack of the three scalars (a Stack and a Concat were one kernel more: with MinAtar's
+        # conv encoder 101, over the 100-kernel line: docs/PERFORMANCE.md#the-100-kernel-line)
+        return ops.stack((loss, q_mean, target_mean))
 
 
 class TargetUpdate(nn.Cell):
