@@ -51,6 +51,8 @@ def test_log_lines_are_joined_into_one_row_per_graph():
     # About three updates of 64 searched self-play games: one acting call per simulation (the
     # evaluations' searching agent off: the same acting graph, at more batch sizes).
     ("alphazero_tictactoe.yaml", ["selfplay.eval_search=0", "selfplay.eval_every=0"]),
+    # 300 gradient steps through MinAtar's conv encoder (99 kernels) after 500 steps of warm-up
+    ("dqn_minatar.yaml", ["train.total_steps=800", "train.learning_starts=500"]),
 ])
 def test_acting_and_update_graphs_run_single_threaded(config, overrides, record_property):
     rows = graphs.census(CONFIGS / config, overrides, timeout=300)
