@@ -14,6 +14,7 @@ Atari's 1M transitions take ~7.5 GB instead of ~56 GB (docs/PERFORMANCE.md#pixel
 
 from __future__ import annotations
 
+import logging
 import zipfile
 from pathlib import Path
 from typing import NamedTuple
@@ -22,6 +23,8 @@ import gymnasium as gym
 import numpy as np
 
 from rlstack.spaces import image_layout, is_image_space, obs_dtype_of
+
+log = logging.getLogger(__name__)
 
 REPLAY_FILE = "replay.npz"
 """Name of the replay buffer's file inside a checkpoint directory."""
@@ -189,6 +192,7 @@ class FrameReplay:
         """Rows ever written (up to `capacity`)."""
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         """The last add's next observations as units [n, k, ...] and their references [n, k]."""
+        self._warned = False
 
     @staticmethod
     def margin(frames: int, envs: int) -> int:
@@ -289,6 +293,11 @@ class FrameReplay:
         expired = self.count - self.slots + self.margin(self.k, n)
         while self.size and self.oldest[(self.pos - self.size) % self.capacity] < expired:
             self.size -= 1  # its frames' slots are (about to be) reused: the oldest transitions go first
+        if self.size < self.filled and not self._warned:
+            self._warned = True
+            log.warning("the frame replay holds %d of its %d transitions: the observations share fewer frames "
+                        "than a stack of %d frames does (are their %d channels a frame stack?)",
+                        self.size, self.capacity, self.k, self.k)
 
     def sample_index(self, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
         """Uniform row indices, with replacement, among the `size` newest rows."""

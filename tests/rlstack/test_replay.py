@@ -205,9 +205,9 @@ def test_frame_replay_reads_back_what_was_added_and_stores_each_frame_once(tmp_p
     assert replay.count <= len(steps) * n_envs + ends + n_envs * frames
 
 
-def test_frame_replay_never_reads_an_overwritten_frame():
+def test_frame_replay_never_reads_an_overwritten_frame(caplog):
     """Frames that share nothing (every unit new) fill the ring faster than transitions: the oldest
-    transitions leave the buffer first, and what stays reads back exactly."""
+    transitions leave the buffer first, what stays reads back exactly, and a warning says so."""
     rng = np.random.default_rng(0)
     replay = FrameReplay(64, (4, 6, 6), (), np.int32, frames=4)
     plain = ReplayBuffer(64, (4, 6, 6), (), np.int32, np.uint8)
@@ -219,6 +219,7 @@ def test_frame_replay_never_reads_an_overwritten_frame():
         plain.add(*step)
         _assert_same_rows(replay, plain)
     assert replay.size < replay.slots // 8  # 8 new units per transition
+    assert "holds" in caplog.text and "a frame stack?" in caplog.text
     with pytest.raises(ValueError, match="does not fit"):
         FrameReplay(64, (4, 6, 6), (), np.int32, frames=1).load(_saved(replay))
 
