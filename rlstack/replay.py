@@ -44,14 +44,12 @@ class ReplayBatch(NamedTuple):
     truncated: np.ndarray  # [...] float32 1.0 when a time limit cut the episode (bootstrap)
 
 
-class ReplayBuffer:
-    """Preallocated ring buffer of single transitions (a vector step adds `n_envs` rows)."""
+class _Rows:
+    """A ring of `capacity` rows of what every transition holds besides its observations: action,
+    reward and the two flags."""
 
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
-                 action_dtype: np.dtype | type, obs_dtype: np.dtype | type = np.float32):
+    def __init__(self, capacity: int, action_shape: tuple[int, ...], action_dtype: np.dtype | type):
         self.capacity = int(capacity)
-        self.obs = np.zeros((self.capacity, *obs_shape), obs_dtype)
-        self.next_obs = np.zeros((self.capacity, *obs_shape), obs_dtype)
         self.action = np.zeros((self.capacity, *action_shape), action_dtype)
         self.reward = np.zeros(self.capacity, np.float32)
         self.terminated = np.zeros(self.capacity, bool)
@@ -59,13 +57,32 @@ class ReplayBuffer:
         self.pos = 0
         """Row the next transition is written to."""
         self.size = 0
-        """Rows holding data (grows to `capacity`, then stays)."""
+        """Rows that can be read."""
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _action_spec(action_space: gym.Space) -> tuple[tuple[int, ...], type]:
+    """(shape, dtype) of one stored action: int32 for Discrete, float32 [d] for Box."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return (), np.int32
+    return tuple(action_space.shape), np.float32
+
+
+class ReplayBuffer(_Rows):
+    """Preallocated ring buffer of single transitions (a vector step adds `n_envs` rows); `size`
+    grows to `capacity`, then stays."""
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
+                 action_dtype: np.dtype | type, obs_dtype: np.dtype | type = np.float32):
+        super().__init__(capacity, action_shape, action_dtype)
+        self.obs = np.zeros((self.capacity, *obs_shape), obs_dtype)
+        self.next_obs = np.zeros((self.capacity, *obs_shape), obs_dtype)
 
     @classmethod
     def for_spaces(cls, capacity: int, obs_space: gym.Space, action_space: gym.Space) -> ReplayBuffer:
-        discrete = isinstance(action_space, gym.spaces.Discrete)
-        return cls(capacity, obs_space.shape, () if discrete else action_space.shape,
-                   np.int32 if discrete else np.float32, obs_dtype_of(obs_space))
+        return cls(capacity, obs_space.shape, *_action_spec(action_space), obs_dtype_of(obs_space))
 
     @property
     def bytes_per_transition(self) -> int:
@@ -77,9 +94,6 @@ class ReplayBuffer:
     def nbytes(self) -> int:
         """Memory of the whole preallocated buffer."""
         return self.capacity * self.bytes_per_transition
-
-    def __len__(self) -> int:
-        return self.size
 
     def add(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, next_obs: np.ndarray,
             terminated: np.ndarray, truncated: np.ndarray) -> None:
@@ -148,7 +162,7 @@ more; an episode shorter than `FRAME_SLACK` steps on average leaves the buffer f
 transitions than its capacity (the oldest go first, and none is ever read from a reused slot)."""
 
 
-class FrameReplay:
+class FrameReplay(_Rows):
     """The replay buffer of image observations, each frame stored once (DQN's own replay, Mnih et
     al. 2015, and Stable-Baselines3's `optimize_memory_usage`, for any vector env).
 
@@ -168,7 +182,7 @@ class FrameReplay:
                  action_dtype: np.dtype | type, frames: int = 1, envs: int = 1):
         if frames < 1 or (frames > 1 and obs_shape[0] != frames):
             raise ValueError(f"frames={frames} must be 1 or the first axis of the observation {obs_shape}")
-        self.capacity = int(capacity)
+        super().__init__(capacity, action_shape, action_dtype)
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.k = int(frames)
         self.unit_shape = self.obs_shape[1:] if self.k > 1 else self.obs_shape
@@ -177,15 +191,8 @@ class FrameReplay:
         self.obs_ref = np.zeros((self.capacity, self.k), np.int64)
         self.next_ref = np.zeros((self.capacity, self.k), np.int64)
         self.oldest = np.zeros(self.capacity, np.int64)
-        """The oldest unit (sequence number) a row refers to."""
-        self.action = np.zeros((self.capacity, *action_shape), action_dtype)
-        self.reward = np.zeros(self.capacity, np.float32)
-        self.terminated = np.zeros(self.capacity, bool)
-        self.truncated = np.zeros(self.capacity, bool)
-        self.pos = 0
-        """Row the next transition is written to."""
-        self.size = 0
-        """The newest rows that can be read (up to `capacity`)."""
+        """The oldest unit (sequence number) a row refers to. The rows that can be read are the
+        newest `size` ones (up to `capacity`)."""
         self.count = 0
         """Units stored so far (the next one's sequence number)."""
         self.filled = 0
@@ -214,16 +221,15 @@ class FrameReplay:
 
     @classmethod
     def for_spaces(cls, capacity: int, obs_space: gym.Space, action_space: gym.Space, envs: int = 1) -> FrameReplay:
-        discrete = isinstance(action_space, gym.spaces.Discrete)
-        return cls(capacity, obs_space.shape, () if discrete else action_space.shape,
-                   np.int32 if discrete else np.float32, frames=cls.frames_of(obs_space), envs=envs)
+        return cls(capacity, obs_space.shape, *_action_spec(action_space), frames=cls.frames_of(obs_space), envs=envs)
 
     @classmethod
     def nbytes_for(cls, capacity: int, obs_space: gym.Space, action_space: gym.Space, envs: int = 1) -> int:
         """`nbytes` of `for_spaces(...)`, computed without allocating (rlstack/budget.py)."""
         k = cls.frames_of(obs_space)
         obs_bytes = int(np.prod(obs_space.shape))
-        action = 4 * (1 if isinstance(action_space, gym.spaces.Discrete) else int(np.prod(action_space.shape)))
+        shape, dtype = _action_spec(action_space)
+        action = np.dtype(dtype).itemsize * int(np.prod(shape))
         # per row: two references per unit and the oldest (int64), action, reward float32, two flags
         return cls.slots_for(capacity, k, envs) * (obs_bytes // k) + capacity * (8 * (2 * k + 1) + action + 4 + 2)
 
@@ -238,9 +244,6 @@ class FrameReplay:
         arrays = (self.frames, self.obs_ref, self.next_ref, self.oldest, self.action, self.reward, self.terminated,
                   self.truncated)
         return sum(a.nbytes for a in arrays)
-
-    def __len__(self) -> int:
-        return self.size
 
     def _store(self, units: np.ndarray) -> np.ndarray:
         """Sequence numbers of `units` [m, ...], each stored in the next slot."""
