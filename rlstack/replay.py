@@ -62,6 +62,10 @@ class _Rows:
     def __len__(self) -> int:
         return self.size
 
+    def sample(self, shape: tuple[int, ...], rng: np.random.Generator) -> ReplayBatch:
+        """`gather(sample_index(shape, rng))`: e.g. shape (K, B) for K minibatches of B."""
+        return self.gather(self.sample_index(shape, rng))
+
 
 def _action_spec(action_space: gym.Space) -> tuple[tuple[int, ...], type]:
     """(shape, dtype) of one stored action: int32 for Discrete, float32 [d] for Box."""
@@ -124,10 +128,6 @@ class ReplayBuffer(_Rows):
             obs=self.obs[index], action=self.action[index], reward=self.reward[index],
             next_obs=self.next_obs[index], terminated=self.terminated[index].astype(np.float32),
             truncated=self.truncated[index].astype(np.float32))
-
-    def sample(self, shape: tuple[int, ...], rng: np.random.Generator) -> ReplayBatch:
-        """`gather(sample_index(shape, rng))`: e.g. shape (K, B) for K minibatches of B."""
-        return self.gather(self.sample_index(shape, rng))
 
     # ----- checkpoints: only the filled rows are written ------------------------------------------
 
@@ -318,9 +318,6 @@ class FrameReplay(_Rows):
             obs=self._frames(self.obs_ref[index]), action=self.action[index], reward=self.reward[index],
             next_obs=self._frames(self.next_ref[index]), terminated=self.terminated[index].astype(np.float32),
             truncated=self.truncated[index].astype(np.float32))
-
-    def sample(self, shape: tuple[int, ...], rng: np.random.Generator) -> ReplayBatch:
-        return self.gather(self.sample_index(shape, rng))
 
     # ----- checkpoints --------------------------------------------------------------------------
 

@@ -1,9 +1,6 @@
 """The replay buffer (ring wraparound, terminated vs truncated, checkpoint file) and what the
 trainer's off-policy loop stores in it."""
 
-import tempfile
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -205,7 +202,7 @@ def test_frame_replay_reads_back_what_was_added_and_stores_each_frame_once(tmp_p
     assert replay.count <= len(steps) * n_envs + ends + n_envs * frames
 
 
-def test_frame_replay_never_reads_an_overwritten_frame(caplog):
+def test_frame_replay_never_reads_an_overwritten_frame(caplog, tmp_path):
     """Frames that share nothing (every unit new) fill the ring faster than transitions: the oldest
     transitions leave the buffer first, what stays reads back exactly, and a warning says so."""
     rng = np.random.default_rng(0)
@@ -220,14 +217,9 @@ def test_frame_replay_never_reads_an_overwritten_frame(caplog):
         _assert_same_rows(replay, plain)
     assert replay.size < replay.slots // 8  # 8 new units per transition
     assert "holds" in caplog.text and "a frame stack?" in caplog.text
+    replay.save(tmp_path / REPLAY_FILE)
     with pytest.raises(ValueError, match="does not fit"):
-        FrameReplay(64, (4, 6, 6), (), np.int32, frames=1).load(_saved(replay))
-
-
-def _saved(replay) -> Path:
-    path = Path(tempfile.mkdtemp()) / REPLAY_FILE
-    replay.save(path)
-    return path
+        FrameReplay(64, (4, 6, 6), (), np.int32, frames=1).load(tmp_path / REPLAY_FILE)
 
 
 def test_a_1m_atari_replay_needs_what_stable_baselines3s_does():
