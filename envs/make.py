@@ -122,12 +122,60 @@ def is_atari(name: str) -> bool:
     return name.startswith("ALE/") or name.endswith("NoFrameskip-v4")
 
 
+GAME_EPISODES = "episodes_in_info"
+"""`metadata` key of an env that ends training episodes early (Atari's lost lives) and reports
+each whole game in `info["episode"]` (gymnasium's `RecordEpisodeStatistics`: `r` the unclipped
+score, `l` its agent steps): the collector logs those games, not its own sums of the rewards it
+learns from."""
+
+
+def finished_games(info: dict[str, Any]) -> list[tuple[float, int]]:
+    """(score, agent steps) of each whole game that ended in a vector step of a `GAME_EPISODES`
+    env (with SAME_STEP autoreset the ending step's info is `info["final_info"]`)."""
+    final = info.get("final_info", {})
+    stats = final.get("episode")
+    if stats is None:
+        return []
+    return [(float(stats["r"][i]), int(stats["l"][i])) for i in np.flatnonzero(final["_episode"])]
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the training episode and the game goes on: the reset after a lost life
+    is a no-op step, a real reset only after the game is over (DeepMind's and Stable-Baselines3's
+    `EpisodicLifeEnv`). gymnasium's `AtariPreprocessing(terminal_on_life_loss=True)` resets the
+    whole game instead, so an agent would only ever play a game's first life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.metadata = {**env.metadata, GAME_EPISODES: True}
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:  # the no-op ended the game
+                obs, info = self.env.reset(**kwargs)
+        self.game_over = False
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
 class FireReset(gym.Wrapper):
     """Press FIRE after every reset and after every lost life, for games that wait for it
     (Stable-Baselines3's `FireResetEnv`; gymnasium has no such wrapper). In training a lost life
-    ends the episode (`AtariPreprocessing(terminal_on_life_loss=True)`), so the reset presses it; in
-    evaluation the game goes on, and a greedy policy that never chose FIRE would stand still until
-    the time limit."""
+    ends the episode (`EpisodicLife`), so the reset presses it; in evaluation the game goes on,
+    and a greedy policy that never chose FIRE would stand still until the time limit."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
@@ -149,12 +197,16 @@ class FireReset(gym.Wrapper):
 
 def atari_preprocessing(env: gym.Env, training: bool) -> gym.Env:
     """The standard Atari preprocessing (Mnih et al. 2015, as Stable-Baselines3's `AtariWrapper`
-    and CleanRL's `ppo_atari.py`) from gymnasium's wrappers: up to 30 no-op actions at reset, frame
-    skip 4 with the max of the last two frames, 84x84 grayscale uint8, FIRE at reset where the game
-    needs it, 4 frames stacked ([4, 84, 84]); for training only, a lost life ends the episode and
-    rewards are clipped to their sign. Evaluation plays whole games and reports the game's score."""
+    and CleanRL's `ppo_atari.py`) from gymnasium's wrappers where they exist: up to 30 no-op
+    actions at reset, frame skip 4 with the max of the last two frames, 84x84 grayscale uint8,
+    FIRE at reset where the game needs it, 4 frames stacked ([4, 84, 84]); for training only, a
+    lost life ends the episode (`EpisodicLife`), rewards are clipped to their sign, and each whole
+    game's unclipped score is reported in `info["episode"]` (`GAME_EPISODES`). Evaluation plays
+    whole games and reports the game's score."""
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
-                                          terminal_on_life_loss=training, grayscale_obs=True, scale_obs=False)
+                                          terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    if training:
+        env = EpisodicLife(gym.wrappers.RecordEpisodeStatistics(env))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
     if training:

@@ -24,6 +24,7 @@ import numpy as np
 
 from rlstack.acting import Acting
 from rlstack.envs import state as env_state
+from rlstack.envs.make import GAME_EPISODES, finished_games
 from rlstack.errors import RlstackError
 from rlstack.registry import ChunkSource
 
@@ -127,6 +128,9 @@ class Collector:
             raise ValueError(f"the collector needs a vector env with SAME_STEP autoreset, got {mode} "
                              "(build it with rlstack.envs.make_vector_env)")
         self.envs, self.acting, self.off_policy = envs, acting, off_policy
+        self.game_episodes = bool(envs.metadata.get(GAME_EPISODES))
+        """The env reports whole games in `info` (Atari in training: episodes end at lost lives and
+        rewards are clipped); those are the episodes logged."""
         self.rng = rng if rng is not None else np.random.default_rng(seed)
         self.obs, _ = envs.reset(seed=seed)
         n = envs.num_envs
@@ -198,9 +202,14 @@ class Collector:
                     final_value[cut] = acting(final, acting.noise(len(final), None)).value
             self.ep_return += reward
             self.ep_length += 1
-            for i in np.flatnonzero(done):
-                returns.append(float(self.ep_return[i]))
-                lengths.append(int(self.ep_length[i]))
+            if self.game_episodes:
+                for score, length in finished_games(info):
+                    returns.append(score)
+                    lengths.append(length)
+            else:
+                for i in np.flatnonzero(done):
+                    returns.append(float(self.ep_return[i]))
+                    lengths.append(int(self.ep_length[i]))
             self.ep_return[done], self.ep_length[done] = 0.0, 0
             self.obs = next_obs
             t3 = time.perf_counter()

@@ -5,6 +5,10 @@ Reads the TensorBoard event files the trainer writes to `<run>/tb` (tensorboardX
 evaluation return (`eval/mean_return`) against environment steps and against wall-clock time, all
 runs overlaid. Runs whose saved `config.yaml` differs only in `seed` are drawn as one curve: the mean
 across seeds with a band from the lowest to the highest seed.
+
+A Stable-Baselines3 run kept by `python -m rlstack.bench peer --keep DIR` (`DIR/sb3/<run>`: its
+TensorBoard log, e.g. `PPO_1/`, and the `spec.json` it ran) is plotted beside rlstack's: its
+`rollout/ep_rew_mean` as the training return, `eval/mean_reward` as the evaluation return.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from rlstack.errors import RlstackError
 
 TRAIN_TAG = "rollout/ep_return_mean"
 EVAL_TAG = "eval/mean_return"
+SB3_TAGS = {"rollout/ep_rew_mean": TRAIN_TAG, "eval/mean_reward": EVAL_TAG}
+"""Stable-Baselines3's names of the same scalars (its Monitor's whole episodes, unclipped)."""
+PEER_SPEC = "spec.json"
+"""What `bench peer` ran on the SB3 side, written beside its TensorBoard log."""
 
 
 class PlotError(RlstackError, ValueError):
@@ -81,13 +89,21 @@ def read_events(path: Path) -> list[tuple[str, int, float, float]]:
 
 
 def load_run(path: str | Path) -> Run:
-    """All scalars of a run directory (every event file under `<run>/tb`, e.g. after a resume)."""
+    """All scalars of a run directory (every event file under `<run>/tb`, e.g. after a resume), or
+    of a Stable-Baselines3 run kept by `bench peer` (its event files anywhere under `path`)."""
     path = Path(path)
-    files = sorted((path / "tb").glob("events.out.tfevents.*")) if (path / "tb").is_dir() else []
+    peer = (path / PEER_SPEC).is_file()
+    if peer:
+        files = sorted(path.rglob("events.out.tfevents.*"))
+    else:
+        files = sorted((path / "tb").glob("events.out.tfevents.*")) if (path / "tb").is_dir() else []
     if not files:
-        raise PlotError(f"{path} has no TensorBoard event files under {path / 'tb'} "
-                        "(expected a run directory written by `python -m rlstack.train`)")
+        raise PlotError(f"{path} has no TensorBoard event files under {path if peer else path / 'tb'} "
+                        "(expected a run directory written by `python -m rlstack.train`, or a "
+                        "Stable-Baselines3 run kept by `python -m rlstack.bench peer --keep`)")
     rows = [row for f in files for row in read_events(f)]
+    if peer:
+        rows = [(SB3_TAGS.get(tag, tag), *rest) for tag, *rest in rows]
     if not any(tag for tag, *_ in rows):
         raise PlotError(f"{path}: the event files hold no scalars yet")
     start = min(r[2] for r in rows)
@@ -100,7 +116,7 @@ def load_run(path: str | Path) -> Run:
         points.sort()
         arr = np.asarray(points, np.float64)
         scalars[tag] = Series(arr[:, 0], arr[:, 1], arr[:, 2])
-    config = _config(path)
+    config = _peer_config(path) if peer else _config(path)
     label = path.name
     if config:
         label = f"{config.get('algo', '?')} {config.get('env', {}).get('id', '?')} seed {config.get('seed', '?')}"
@@ -109,6 +125,18 @@ def load_run(path: str | Path) -> Run:
     else:
         group = str(path.resolve())
     return Run(path, label, group, scalars)
+
+
+def _peer_config(path: Path) -> dict | None:
+    """A kept SB3 run's spec as a config: labelled `SB3 <algo>`, grouped apart from rlstack's."""
+    try:
+        spec = json.loads((path / PEER_SPEC).read_text())
+    except (OSError, ValueError) as err:
+        raise PlotError(f"{path / PEER_SPEC} is not readable JSON: {err}") from None
+    if not isinstance(spec, dict):
+        return None
+    return {**spec, "algo": f"SB3 {spec.get('algo', '?')}", "env": {"id": spec.get("env", "?")},
+            "tensorboard": None}
 
 
 def _config(path: Path) -> dict | None:
@@ -226,7 +254,8 @@ def plot_runs(runs: list[Run], out: str | Path, title: str | None = None) -> Pat
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstack.plot",
                                      description="Plot training and evaluation return of run directories.")
-    parser.add_argument("runs", nargs="+", help="run directories (each with tb/ event files)")
+    parser.add_argument("runs", nargs="+", help="run directories (each with tb/ event files), or SB3 runs "
+                                                "kept by `python -m rlstack.bench peer --keep DIR` (DIR/sb3/*)")
     parser.add_argument("--out", default="curves.png", help="PNG to write (default curves.png)")
     parser.add_argument("--title", default=None)
     args = parser.parse_args(argv)

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlstack.plot import PEER_SPEC
+
 _STARTING_ENV = dict(os.environ)  # before anything imports MindSpore
 
 CONFIGS = {"ppo": "ppo_cartpole", "dqn": "dqn_cartpole", "sac": "sac_pendulum"}
@@ -164,6 +166,22 @@ def run_sb3(python: str, spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _side_row(name: str, cfg, side: str, runs: list[dict], evaluate: bool) -> dict:
+    """One side's row when `--sides` names only one (a learning curve to compare later; no ratio)."""
+    rates = [r["steps"] / r["seconds"] for r in runs]
+    row = {"config": name, "algo": cfg.algo, "env": cfg.env.id, "seed": cfg.seed,
+           "total_steps": cfg.train.total_steps, f"{side}_steps_per_second": round(statistics.median(rates), 1),
+           side: runs[0] if len(runs) == 1 else runs}
+    label = {"rlstack": "rlstack", "sb3": "SB3"}[side]
+    line = f"{name} seed {cfg.seed} {cfg.env.id} {cfg.train.total_steps:,} steps: {label} {row[f'{side}_steps_per_second']:,.0f} steps/s"
+    if evaluate:
+        row[f"{side}_eval"] = [r["eval_mean_return"] for r in runs]
+        line += (f"; final evaluation over {cfg.env.eval_episodes} episodes: "
+                 f"{', '.join(f'{v:.2f}' for v in row[f'{side}_eval'])}")
+    print(line, flush=True)
+    return row
+
+
 def _median_row(name: str, cfg, ours: list[dict], peers: list[dict], evaluate: bool) -> dict:
     rates = [r["steps"] / r["seconds"] for r in ours]
     peer_rates = [r["steps"] / r["seconds"] for r in peers]
@@ -205,6 +223,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", default=None,
                         help="keep rlstack's run directories and SB3's TensorBoard logs under this directory "
                              "(learning curves for `python -m rlstack.plot`)")
+    parser.add_argument("--sides", default="rlstack,sb3", choices=["rlstack,sb3", "rlstack", "sb3"],
+                        help="run one side only (a long run's learning curve, to compare with the other side's "
+                             "kept run; no speed ratio is printed)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides for both sides, "
                                                      "e.g. train.total_steps=100000")
@@ -212,6 +233,7 @@ def main(argv: list[str]) -> int:
 
     from rlstack.config import load_config
 
+    sides = args.sides.split(",")
     names = args.configs.split(",") if args.configs else [CONFIGS[a] for a in args.algos.split(",")]
     # No periodic evaluation (SB3's `learn` runs none); everything else as shipped or overridden.
     fixed = ["train.progress=off", "train.eval_every=0", "train.keep_best=false"]
@@ -226,11 +248,19 @@ def main(argv: list[str]) -> int:
                 ours, peers = [], []
                 for repeat in range(args.repeats):
                     tag = f"{Path(name).stem}_seed{cfg.seed}_{repeat}"
-                    ours.append({"load_average": os.getloadavg()[0],
-                                 **run_rlstack(cfg, str(keep / "rlstack" / tag))})
-                    spec = sb3_spec(cfg, args.evaluate, str(keep / "sb3" / tag) if args.keep else None)
-                    peers.append({"load_average": os.getloadavg()[0], **run_sb3(args.python, spec)})
-                rows.append(_median_row(Path(name).stem, cfg, ours, peers, args.evaluate))
+                    if "rlstack" in sides:
+                        ours.append({"load_average": os.getloadavg()[0],
+                                     **run_rlstack(cfg, str(keep / "rlstack" / tag))})
+                    if "sb3" in sides:
+                        spec = sb3_spec(cfg, args.evaluate, str(keep / "sb3" / tag) if args.keep else None)
+                        if args.keep:  # what ran, for `python -m rlstack.plot` (labels, seeds)
+                            (keep / "sb3" / tag).mkdir(parents=True, exist_ok=True)
+                            (keep / "sb3" / tag / PEER_SPEC).write_text(json.dumps(spec, indent=2))
+                        peers.append({"load_average": os.getloadavg()[0], **run_sb3(args.python, spec)})
+                if len(sides) == 2:
+                    rows.append(_median_row(Path(name).stem, cfg, ours, peers, args.evaluate))
+                else:
+                    rows.append(_side_row(Path(name).stem, cfg, sides[0], ours or peers, args.evaluate))
     print(json.dumps(rows, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -53,3 +53,55 @@ def test_atari_frames_are_stacked_84x84_uint8_and_training_differs_from_evaluati
     assert not np.array_equal(before[-1], after[-1])
     train.close()
     evaluate.close()
+
+
+def test_atari_training_reset_after_a_lost_life_continues_the_game_and_games_are_reported_whole():
+    """As Stable-Baselines3's `EpisodicLifeEnv`: the episode that a lost life ends is followed by
+    the same game's next life (gymnasium's `terminal_on_life_loss` would reset the whole game), and
+    each whole game's unclipped score reaches `info` when the game is over."""
+    from rlstack.envs.make import finished_games
+
+    env = make_env(BREAKOUT)
+    rng = np.random.default_rng(1)
+    terminated, _, lives = _play_until_a_life_is_lost(env, rng)
+    assert terminated and lives == 4
+    env.reset()
+    assert env.unwrapped.ale.lives() == 4  # the game went on
+    env.close()
+
+    envs = make_vector_env(BREAKOUT, 2)
+    envs.reset(seed=0)
+    episodes, games = 0, []
+    while len(games) < 4:
+        _, reward, terminated, truncated, info = envs.step(rng.integers(0, 4, 2))
+        episodes += int((terminated | truncated).sum())
+        games += finished_games(info)
+        assert set(reward) <= {0.0, 1.0}
+    envs.close()
+    assert episodes >= 5 * len(games)  # five lives, five training episodes, a game
+    assert any(score > 1 for score, _ in games)  # whole games' scores, not one life's
+
+
+def test_the_collector_logs_whole_atari_games():
+    """Training episodes of Atari end at lost lives with clipped rewards; the returns the
+    collector reports (the training curve) are whole games' unclipped scores."""
+    from rlstack.collector import Collector, allocate, trajectory_specs
+
+    envs = make_vector_env(BREAKOUT, 2)
+
+    class Uniform:
+        updates = 0
+
+        def random_actions(self, n, rng):
+            return rng.integers(0, 4, n)
+
+        def to_env(self, action):
+            return action
+
+    collector = Collector(envs, Uniform(), seed=0, off_policy=True)
+    assert collector.game_episodes
+    specs = trajectory_specs(600, 2, (4, 84, 84), (), "int64", off_policy=True, obs_dtype="uint8")
+    returns, lengths, _, _ = collector.collect(allocate(specs), lambda t: True)
+    envs.close()
+    assert returns and len(returns) == len(lengths)
+    assert all(length > 100 for length in lengths)  # five lives of random play, not one

@@ -1,12 +1,14 @@
 """`rlstack.plot` and `rlstack.record` on real short runs: curves PNG from TensorBoard event files,
 GIF from the exported policy graph."""
 
+import json
+
 import imageio.v3 as iio
 import numpy as np
 import pytest
 
 from rlstack.config import load_config
-from rlstack.plot import EVAL_TAG, TRAIN_TAG, group_runs, load_run
+from rlstack.plot import EVAL_TAG, TRAIN_TAG, PlotError, group_runs, load_run
 from rlstack.plot import main as plot_main
 from rlstack.record import RecordError, record
 from rlstack.record import main as record_main
@@ -37,6 +39,39 @@ def test_plot_reads_event_files_and_writes_png(runs, tmp_path):
     assert plot_main([str(r) for r in runs] + ["--out", str(out)]) == 0
     data = out.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 20_000
+
+
+def _sb3_run(root, seed):
+    """A Stable-Baselines3 run as `bench peer --keep` keeps it: SB3's TensorBoard log (its tag
+    names, written by tensorboardX as SB3's logger writes them) and the spec it ran."""
+    from tensorboardX import SummaryWriter
+
+    from rlstack.bench.peer import sb3_spec
+
+    run = root / f"sb3_seed{seed}"
+    writer = SummaryWriter(str(run / "PPO_1"))
+    for step in (128, 256, 384, 512):
+        writer.add_scalar("rollout/ep_rew_mean", 10.0 + step / 128 + seed, step)
+    writer.close()
+    spec = sb3_spec(load_config(None, [*SHORT, f"seed={seed}"]), tensorboard=str(run))
+    (run / "spec.json").write_text(json.dumps(spec))
+    return run
+
+
+def test_plot_draws_stable_baselines3_runs_beside_rlstack(runs, tmp_path):
+    peers = [_sb3_run(tmp_path, seed) for seed in (0, 1)]
+    sb3 = load_run(peers[0])
+    assert sb3.scalars[TRAIN_TAG].steps.tolist() == [128, 256, 384, 512]
+    assert sb3.scalars[TRAIN_TAG].values.tolist() == [11.0, 12.0, 13.0, 14.0]
+    assert sb3.label.startswith("SB3 ppo CartPole-v1 seed 0")
+    # SB3's seeds form a group of their own, apart from rlstack's
+    groups = group_runs([load_run(r) for r in [*runs, *peers]]).values()
+    assert sorted(sorted(r.path.name for r in g) for g in groups) == [["sb3_seed0", "sb3_seed1"], ["seed0", "seed1"]]
+    out = tmp_path / "both.png"
+    assert plot_main([str(r) for r in [*runs, *peers]] + ["--out", str(out)]) == 0
+    (peers[1] / "spec.json").write_text("{not json")
+    with pytest.raises(PlotError, match="spec.json"):
+        load_run(peers[1])
 
 
 def test_plot_rejects_what_is_not_a_run(tmp_path, capsys):
