@@ -286,7 +286,9 @@ class WholeGradAndStep(nn.Cell):
     once, for both heads), global-norm clipping, one Adam step; returns `ValueGradAndStep`'s
     metrics. One graph over the 100-kernel line: for an encoder with parameters (a conv encoder),
     whose arithmetic outweighs the runtime's per-kernel cost, where two graphs would run it twice
-    (docs/PERFORMANCE.md#pixels). `workers` as `ValueGradAndStep`."""
+    (docs/PERFORMANCE.md#pixels). The observations come as their own input in their own dtype
+    (uint8 frames: a quarter of float32's bytes, and no conversion on the host), the other columns
+    packed (`Columns` with no obs). `workers` as `ValueGradAndStep`."""
 
     def __init__(self, network: Network, optimizer: nn.Optimizer, cfg: PPOConfig, params: list,
                  columns: Columns, workers: int = 1):
@@ -295,14 +297,14 @@ class WholeGradAndStep(nn.Cell):
         self.optimizer = optimizer
         self.max_grad_norm = cfg.max_grad_norm
         self.shapes = tuple(tuple(p.shape) for p in params)
-        self.obs, self.action, self.old_logp = columns.obs, columns.action, columns.old_logp
+        self.action, self.old_logp = columns.action, columns.old_logp
         self.weight, self.sign, self.bound = columns.weight, columns.sign, columns.bound
         self.ret, self.value = columns.ret, columns.value
         self.clip_range = Parameter(Tensor(0.2, ms.float32), name="clip_range", requires_grad=False)
         self.grad_mean = GradMean(workers) if workers > 1 else None
 
-    def construct(self, batch):
-        (_, metrics), grads = self.grad(columns(batch, *self.obs), columns(batch, *self.action),
+    def construct(self, batch, obs):
+        (_, metrics), grads = self.grad(obs, columns(batch, *self.action),
                                         column(batch, self.old_logp), column(batch, self.weight),
                                         column(batch, self.sign), column(batch, self.bound), self.clip_range,
                                         column(batch, self.ret), column(batch, self.value))
@@ -342,11 +344,12 @@ class PPOStep(nn.Cell):
         """The update's learning rate and clip range (written in place: `ParameterWrite`)."""
         self._schedule(lr, clip_range)
 
-    def step(self, batch: Tensor) -> Tensor:
+    def step(self, batch: Tensor, obs: Tensor | None = None) -> Tensor:
         """A packed minibatch [B, width] (`Columns.pack`) -> its metrics as a Tensor, after the Adam
-        step (`metrics` turns them into numbers: read once per update, not per step)."""
+        step (`metrics` turns them into numbers: read once per update, not per step). With one
+        graph (`whole`), `obs` [B, ...] comes apart in its own dtype and `batch` has no obs columns."""
         if self.whole:
-            return self.value_step(batch)
+            return self.value_step(batch, obs)
         return self.value_step(batch, self.policy_grad(batch))
 
     @staticmethod
@@ -396,7 +399,8 @@ class PPO(registry.Algorithm):
         self.rollout_size = self.cfg.n_steps * cfg.env.n_envs
         self.n_minibatches = self.rollout_size // self.cfg.batch_size
         action_dim = 1 if discrete else int(np.prod(action_space.shape))
-        self.columns = Columns(self.network.obs_dim, action_dim)
+        # (one step graph with encoder parameters: the obs then go to it apart, `WholeGradAndStep`)
+        self.columns = Columns(0 if shared_params else self.network.obs_dim, action_dim)
         self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params, self.columns,
                               cfg.learner.workers, tuple(shared_params))
         self.learner_logp = LearnerLogp(self.network) if self.cfg.is_clip is not None else None
@@ -428,9 +432,14 @@ class PPO(registry.Algorithm):
         # Every minibatch of the update gathered and packed at once, [n_epochs * n_minibatches, B,
         # width]: each step then hands one contiguous view to its graphs.
         terms = surrogate_inputs(batch.adv[index], is_weight[index], clip, self.cfg.normalize_advantage)
-        packed = Columns.pack(batch.obs[index], batch.action[index], old_logp[index], *terms, batch.ret[index],
-                              batch.value[index])
-        outputs = [self.update.step(Tensor.from_numpy(minibatch)) for minibatch in packed]
+        rest = (batch.action[index], old_logp[index], *terms, batch.ret[index], batch.value[index])
+        if self.update.whole:  # the obs apart, in their own dtype (`WholeGradAndStep`)
+            packed = Columns.pack(np.zeros((*index.shape, 0), np.float32), *rest)
+            outputs = [self.update.step(Tensor.from_numpy(minibatch), Tensor.from_numpy(obs))
+                       for minibatch, obs in zip(packed, batch.obs[index], strict=True)]
+        else:
+            packed = Columns.pack(batch.obs[index], *rest)
+            outputs = [self.update.step(Tensor.from_numpy(minibatch)) for minibatch in packed]
         outputs = [self.update.metrics(out) for out in outputs]
         loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in np.mean(outputs, 0))
         var_ret = float(np.var(batch.ret))

@@ -10,7 +10,7 @@ import numpy as np
 class RolloutBatch(NamedTuple):
     """One rollout flattened to [T * N, ...] rows, ready for minibatching."""
 
-    obs: np.ndarray  # [T*N, obs_dim] float32
+    obs: np.ndarray  # [T*N, *obs_shape] in the rollout's dtype (uint8 frames, else float32)
     action: np.ndarray  # [T*N] int32 or [T*N, d] float32
     logp: np.ndarray  # [T*N] behaviour log-probability
     value: np.ndarray  # [T*N] V(s) at collection time

@@ -118,7 +118,7 @@ def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatc
     assert [p.name for p in shared] == expected
     policy, value = shared + network.pi.trainable_params(), network.vf.trainable_params()
     optimizer = nn.SGD(policy + value, learning_rate=1.0)
-    columns = Columns(network.obs_dim, 1)
+    columns = Columns(0, 1)  # one graph: the obs go to it apart
     step = PPOStep(network, optimizer, cfg.train, policy, value, columns, shared_params=tuple(shared))
     assert step.whole and step.policy_grad is None
     step.set_schedule(1.0, 0.3)  # the clip range reaches the one graph
@@ -139,6 +139,7 @@ def test_a_shared_encoder_is_trained_by_the_policy_and_the_value_loss(monkeypatc
     assert all(np.abs(g.asnumpy()).max() > 1e-4 for g in value_only)  # the value term reaches the encoder
 
     before = [p.asnumpy().copy() for p in policy + value]
-    step.step(Tensor(Columns.pack(obs, action, old_logp, *terms, ret, old_value)))
+    step.step(Tensor(Columns.pack(np.zeros((b, 0), np.float32), action, old_logp, *terms, ret, old_value)),
+              Tensor(obs.astype(np.uint8) if frames else obs))
     for p, start, grad in zip(policy + value, before, whole, strict=True):
         np.testing.assert_allclose(start - p.asnumpy(), grad.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
