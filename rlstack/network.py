@@ -217,7 +217,7 @@ class Network(nn.Cell):
     def features(self, obs):
         """[B, *obs_shape] -> the encoder's features [B, encoder.out_dim] float32 (frames as they
         are, flat observations after their statistics)."""
-        if self.frames:  # (the learners' minibatches carry them flat, as float32 columns)
+        if self.frames:  # (as the env gives them, or flat)
             return self.encoder(obs.reshape(obs.shape[0], *self.obs_shape))
         return self.encoder(self.normalizer(obs.reshape(obs.shape[0], -1).astype(ms.float32)))
 
