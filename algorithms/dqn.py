@@ -115,18 +115,24 @@ def td_target(q_next_online, q_next_target, reward, terminated, gamma: float, do
     return reward + gamma * (1.0 - terminated) * next_q
 
 
+FRAMES_APART = 4096
+"""Frames of at least this many values (Atari's 28,224) reach the step graph apart, as uint8;
+smaller ones (MinAtar's 400) in the float32 columns, where their two `Cast`s would put the step over
+the 100-kernel line (docs/PERFORMANCE.md#pixels)."""
+
+
 class DQNStep(nn.Cell):
     """One gradient step: Huber TD loss on one minibatch, gradient-norm clipping, Adam.
 
-    Takes a minibatch as `inputs` makes it: packed float32 columns [B, 2 * obs_dim + 3], or with a
-    frames encoder the columns [B, 3] and the frames (obs, next_obs) apart in their own dtype
-    (uint8: a quarter of float32's bytes, and no conversion on the host). Returns [td_loss,
+    Takes a minibatch as `inputs` makes it: packed float32 columns [B, 2 * obs_dim + 3], or for
+    frames of `FRAMES_APART` values or more the columns [B, 3] and the frames (obs, next_obs) apart
+    in their own dtype (uint8: a quarter of float32's bytes, and no conversion on the host). Returns [td_loss,
     mean Q(s, a), mean target].
     """
 
     def __init__(self, network: Network, target: Network, optimizer: nn.Optimizer, cfg: DQNConfig):
         super().__init__()
-        self.frames = network.frames
+        self.frames = network.frames and network.obs_dim >= FRAMES_APART
         self.obs_dim = 0 if self.frames else network.obs_dim  # (the packed columns' obs width)
         self.network = network
         self.target = target
@@ -157,7 +163,7 @@ class DQNStep(nn.Cell):
     def inputs(self, b: ReplayBatch) -> list[tuple[Tensor, ...]]:
         """Replay minibatches [K, B, ...] -> each one's graph inputs: float32 columns [B, 2 * obs_dim +
         3] (`rlstack.buffers.pack_columns`) in the order `construct` slices them (obs, next_obs,
-        action, reward, terminated); with a frames encoder, columns [B, 3] (action, reward,
+        action, reward, terminated); with frames apart, columns [B, 3] (action, reward,
         terminated), obs and next_obs."""
         if not self.frames:
             packed = pack_columns(b.reward.shape, b.obs, b.next_obs, b.action, b.reward, b.terminated)

@@ -225,3 +225,28 @@ def test_target_update_count_counts_crossed_multiples():
     assert target_update_count(9, 10, 10) == 1
     assert target_update_count(10, 19, 10) == 0
     assert target_update_count(5, 256, 10) == 25
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+def test_frames_apart_train_as_the_packed_columns(monkeypatch, double_q):
+    """Large frames reach the step graph apart as uint8 (`FRAMES_APART`), small ones packed as
+    float32 columns: the same minibatches give bitwise the same step either way."""
+    from rlstack.algorithms import dqn as dqn_module
+
+    space = gym.spaces.Box(0, 1, (10, 10, 4), bool)
+    rng = np.random.default_rng(0)
+    replay = ReplayBuffer.for_spaces(128, space, gym.spaces.Discrete(3))
+    replay.add(rng.random((128, 10, 10, 4)) < 0.2, rng.integers(0, 3, 128), rng.standard_normal(128),
+               rng.random((128, 10, 10, 4)) < 0.2, rng.random(128) < 0.1, np.zeros(128, bool))
+    weights = []
+    for apart in (False, True):
+        monkeypatch.setattr(dqn_module, "FRAMES_APART", 0 if apart else 10**9)
+        ms.set_seed(0)
+        cfg = load_config("dqn_minatar", ["train.gradient_steps=2", f"train.double_q={str(double_q).lower()}"])
+        algo = DQN(cfg, space, gym.spaces.Discrete(3))
+        assert algo.step.frames == apart
+        metrics = algo.learn(replay, Progress(10, 1.0), np.random.default_rng(1))
+        weights.append((metrics["train/td_loss"], _params(algo.network)))
+    assert weights[0][0] == weights[1][0]
+    for name, value in weights[0][1].items():
+        np.testing.assert_array_equal(value, weights[1][1][name], err_msg=name)
