@@ -126,8 +126,8 @@ class DQNStep(nn.Cell):
 
     Takes a minibatch as `inputs` makes it: packed float32 columns [B, 2 * obs_dim + 3], or for
     frames of `FRAMES_APART` values or more the columns [B, 3] and the frames (obs, next_obs) apart
-    in their own dtype (uint8: a quarter of float32's bytes, and no conversion on the host). Returns [td_loss,
-    mean Q(s, a), mean target].
+    in their own dtype (uint8: a quarter of float32's bytes, and no conversion on the host).
+    Returns [td_loss, mean Q(s, a), mean target].
     """
 
     def __init__(self, network: Network, target: Network, optimizer: nn.Optimizer, cfg: DQNConfig):
