@@ -66,6 +66,12 @@ class _Rows:
         """`gather(sample_index(shape, rng))`: e.g. shape (K, B) for K minibatches of B."""
         return self.gather(self.sample_index(shape, rng))
 
+    def _batch(self, index: np.ndarray, obs: np.ndarray, next_obs: np.ndarray) -> ReplayBatch:
+        """The rows `index` with their observations (each buffer reads those its own way)."""
+        return ReplayBatch(obs=obs, action=self.action[index], reward=self.reward[index], next_obs=next_obs,
+                           terminated=self.terminated[index].astype(np.float32),
+                           truncated=self.truncated[index].astype(np.float32))
+
 
 def _action_spec(action_space: gym.Space) -> tuple[tuple[int, ...], type]:
     """(shape, dtype) of one stored action: int32 for Discrete, float32 [d] for Box."""
@@ -124,10 +130,7 @@ class ReplayBuffer(_Rows):
         return rng.integers(0, self.size, size=shape)
 
     def gather(self, index: np.ndarray) -> ReplayBatch:
-        return ReplayBatch(
-            obs=self.obs[index], action=self.action[index], reward=self.reward[index],
-            next_obs=self.next_obs[index], terminated=self.terminated[index].astype(np.float32),
-            truncated=self.truncated[index].astype(np.float32))
+        return self._batch(index, self.obs[index], self.next_obs[index])
 
     # ----- checkpoints: only the filled rows are written ------------------------------------------
 
@@ -314,10 +317,7 @@ class FrameReplay(_Rows):
     def gather(self, index: np.ndarray) -> ReplayBatch:
         if np.any(self.oldest[index] < self.count - self.slots):
             raise RuntimeError("replay rows whose frames were overwritten were sampled")
-        return ReplayBatch(
-            obs=self._frames(self.obs_ref[index]), action=self.action[index], reward=self.reward[index],
-            next_obs=self._frames(self.next_ref[index]), terminated=self.terminated[index].astype(np.float32),
-            truncated=self.truncated[index].astype(np.float32))
+        return self._batch(index, self._frames(self.obs_ref[index]), self._frames(self.next_ref[index]))
 
     # ----- checkpoints --------------------------------------------------------------------------
 
