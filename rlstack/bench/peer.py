@@ -166,43 +166,32 @@ def run_sb3(python: str, spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _side_row(name: str, cfg, side: str, runs: list[dict], evaluate: bool) -> dict:
-    """One side's row when `--sides` names only one (a learning curve to compare later; no ratio)."""
-    rates = [r["steps"] / r["seconds"] for r in runs]
-    row = {"config": name, "algo": cfg.algo, "env": cfg.env.id, "seed": cfg.seed,
-           "total_steps": cfg.train.total_steps, f"{side}_steps_per_second": round(statistics.median(rates), 1),
-           side: runs[0] if len(runs) == 1 else runs}
-    label = {"rlstack": "rlstack", "sb3": "SB3"}[side]
-    line = f"{name} seed {cfg.seed} {cfg.env.id} {cfg.train.total_steps:,} steps: {label} {row[f'{side}_steps_per_second']:,.0f} steps/s"
-    if evaluate:
-        row[f"{side}_eval"] = [r["eval_mean_return"] for r in runs]
-        line += (f"; final evaluation over {cfg.env.eval_episodes} episodes: "
-                 f"{', '.join(f'{v:.2f}' for v in row[f'{side}_eval'])}")
-    print(line, flush=True)
-    return row
+SIDES = {"rlstack": "rlstack", "sb3": "SB3"}
+"""`--sides` names -> their labels in the printed lines."""
 
 
-def _median_row(name: str, cfg, ours: list[dict], peers: list[dict], evaluate: bool) -> dict:
-    rates = [r["steps"] / r["seconds"] for r in ours]
-    peer_rates = [r["steps"] / r["seconds"] for r in peers]
+def _median_row(name: str, cfg, runs: dict[str, list[dict]], evaluate: bool) -> dict:
+    """One config and seed: each side's median steps/s (and final evaluations) from `runs` (side ->
+    its repeats); with both sides, their ratio."""
+    rates = {side: [r["steps"] / r["seconds"] for r in side_runs] for side, side_runs in runs.items()}
     row = {"config": name, "algo": cfg.algo, "env": cfg.env.id, "seed": cfg.seed,
-           "total_steps": cfg.train.total_steps,
-           "rlstack_steps_per_second": round(statistics.median(rates), 1),
-           "sb3_steps_per_second": round(statistics.median(peer_rates), 1),
-           "rlstack": ours[0] if len(ours) == 1 else ours, "sb3": peers[0] if len(peers) == 1 else peers}
-    row["ratio"] = round(row["rlstack_steps_per_second"] / row["sb3_steps_per_second"], 2)
-    spread = "" if len(ours) == 1 else (
-        f" [medians of {len(ours)}; rlstack {min(rates):,.0f}-{max(rates):,.0f}, "
-        f"SB3 {min(peer_rates):,.0f}-{max(peer_rates):,.0f}]")
-    line = (f"{name} seed {cfg.seed} {cfg.env.id} {cfg.train.total_steps:,} steps: rlstack "
-            f"{row['rlstack_steps_per_second']:,.0f} steps/s, SB3 {row['sb3_steps_per_second']:,.0f} steps/s "
-            f"(torch {peers[0]['torch']}, {peers[0]['threads']} threads): {row['ratio']:.2f}x{spread}")
+           "total_steps": cfg.train.total_steps}
+    row.update({f"{side}_steps_per_second": round(statistics.median(r), 1) for side, r in rates.items()})
+    row.update({side: side_runs[0] if len(side_runs) == 1 else side_runs for side, side_runs in runs.items()})
+    line = f"{name} seed {cfg.seed} {cfg.env.id} {cfg.train.total_steps:,} steps: " + ", ".join(
+        f"{SIDES[side]} {row[f'{side}_steps_per_second']:,.0f} steps/s" for side in runs)
+    if len(runs) == 2:
+        ours, peers = rates["rlstack"], rates["sb3"]
+        row["ratio"] = round(row["rlstack_steps_per_second"] / row["sb3_steps_per_second"], 2)
+        spread = "" if len(ours) == 1 else (
+            f" [medians of {len(ours)}; rlstack {min(ours):,.0f}-{max(ours):,.0f}, "
+            f"SB3 {min(peers):,.0f}-{max(peers):,.0f}]")
+        torch = runs["sb3"][0]
+        line += f" (torch {torch['torch']}, {torch['threads']} threads): {row['ratio']:.2f}x{spread}"
     if evaluate:
-        row["rlstack_eval"] = [r["eval_mean_return"] for r in ours]
-        row["sb3_eval"] = [r["eval_mean_return"] for r in peers]
-        line += (f"; final evaluation over {cfg.env.eval_episodes} episodes: rlstack "
-                 f"{', '.join(f'{v:.2f}' for v in row['rlstack_eval'])}, SB3 "
-                 f"{', '.join(f'{v:.2f}' for v in row['sb3_eval'])}")
+        row.update({f"{side}_eval": [r["eval_mean_return"] for r in side_runs] for side, side_runs in runs.items()})
+        line += f"; final evaluation over {cfg.env.eval_episodes} episodes: " + ", ".join(
+            f"{SIDES[side]} {', '.join(f'{v:.2f}' for v in row[f'{side}_eval'])}" for side in runs)
     print(line, flush=True)
     return row
 
@@ -245,22 +234,19 @@ def main(argv: list[str]) -> int:
             for seed in seeds:
                 extra = [] if seed is None else [f"seed={seed}"]
                 cfg = load_config(name, [*fixed, *args.overrides, *extra])
-                ours, peers = [], []
+                runs: dict[str, list[dict]] = {side: [] for side in sides}
                 for repeat in range(args.repeats):
                     tag = f"{Path(name).stem}_seed{cfg.seed}_{repeat}"
-                    if "rlstack" in sides:
-                        ours.append({"load_average": os.getloadavg()[0],
-                                     **run_rlstack(cfg, str(keep / "rlstack" / tag))})
-                    if "sb3" in sides:
+                    if "rlstack" in runs:
+                        runs["rlstack"].append({"load_average": os.getloadavg()[0],
+                                                **run_rlstack(cfg, str(keep / "rlstack" / tag))})
+                    if "sb3" in runs:
                         spec = sb3_spec(cfg, args.evaluate, str(keep / "sb3" / tag) if args.keep else None)
                         if args.keep:  # what ran, for `python -m rlstack.plot` (labels, seeds)
                             (keep / "sb3" / tag).mkdir(parents=True, exist_ok=True)
                             (keep / "sb3" / tag / PEER_SPEC).write_text(json.dumps(spec, indent=2))
-                        peers.append({"load_average": os.getloadavg()[0], **run_sb3(args.python, spec)})
-                if len(sides) == 2:
-                    rows.append(_median_row(Path(name).stem, cfg, ours, peers, args.evaluate))
-                else:
-                    rows.append(_side_row(Path(name).stem, cfg, sides[0], ours or peers, args.evaluate))
+                        runs["sb3"].append({"load_average": os.getloadavg()[0], **run_sb3(args.python, spec)})
+                rows.append(_median_row(Path(name).stem, cfg, runs, args.evaluate))
     print(json.dumps(rows, indent=2))
     if args.json:
         with open(args.json, "w") as f:
