@@ -344,6 +344,15 @@ class PPOStep(nn.Cell):
         """The update's learning rate and clip range (written in place: `ParameterWrite`)."""
         self._schedule(lr, clip_range)
 
+    def inputs(self, obs: np.ndarray, *rest: np.ndarray) -> list[tuple[Tensor, ...]]:
+        """Minibatches [K, B, ...] of the obs and the other columns (`Columns.pack`'s, after obs) ->
+        each one's `step` inputs: with one graph (`whole`) the packed columns without obs and the
+        obs apart in their own dtype (uint8 frames: no float32 copy on the host), else all packed."""
+        if not self.whole:
+            return [(Tensor.from_numpy(minibatch),) for minibatch in Columns.pack(obs, *rest)]
+        packed = Columns.pack(np.zeros((*obs.shape[:2], 0), np.float32), *rest)
+        return [(Tensor.from_numpy(minibatch), Tensor.from_numpy(o)) for minibatch, o in zip(packed, obs, strict=True)]
+
     def step(self, batch: Tensor, obs: Tensor | None = None) -> Tensor:
         """A packed minibatch [B, width] (`Columns.pack`) -> its metrics as a Tensor, after the Adam
         step (`metrics` turns them into numbers: read once per update, not per step). With one
@@ -432,14 +441,9 @@ class PPO(registry.Algorithm):
         # Every minibatch of the update gathered and packed at once, [n_epochs * n_minibatches, B,
         # width]: each step then hands one contiguous view to its graphs.
         terms = surrogate_inputs(batch.adv[index], is_weight[index], clip, self.cfg.normalize_advantage)
-        rest = (batch.action[index], old_logp[index], *terms, batch.ret[index], batch.value[index])
-        if self.update.whole:  # the obs apart, in their own dtype (`WholeGradAndStep`)
-            packed = Columns.pack(np.zeros((*index.shape, 0), np.float32), *rest)
-            outputs = [self.update.step(Tensor.from_numpy(minibatch), Tensor.from_numpy(obs))
-                       for minibatch, obs in zip(packed, batch.obs[index], strict=True)]
-        else:
-            packed = Columns.pack(batch.obs[index], *rest)
-            outputs = [self.update.step(Tensor.from_numpy(minibatch)) for minibatch in packed]
+        inputs = self.update.inputs(batch.obs[index], batch.action[index], old_logp[index], *terms, batch.ret[index],
+                                    batch.value[index])
+        outputs = [self.update.step(*minibatch) for minibatch in inputs]
         outputs = [self.update.metrics(out) for out in outputs]
         loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction, _ = (float(x) for x in np.mean(outputs, 0))
         var_ret = float(np.var(batch.ret))

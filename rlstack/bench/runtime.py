@@ -79,9 +79,8 @@ def ppo_step_ms(config: str | None, calls: int, repeats: int) -> dict[str, float
     """Milliseconds per PPO minibatch step (`PPOStep.step`) of `config` at its batch size and at
     `SMALL_ROWS` rows, on random packed minibatches."""
     import numpy as np
-    from mindspore import Tensor
 
-    from rlstack.algorithms.ppo import PPO, Columns, surrogate_inputs
+    from rlstack.algorithms.ppo import PPO, surrogate_inputs
     from rlstack.budget import probe_spaces
     from rlstack.config import load_config
 
@@ -95,11 +94,7 @@ def ppo_step_ms(config: str | None, calls: int, repeats: int) -> dict[str, float
         action = np.stack([action_space.sample() for _ in range(rows)])
         logp, ret, value = (rng.standard_normal(rows).astype(np.float32) for _ in range(3))
         terms = surrogate_inputs(rng.standard_normal(rows), np.ones(rows), 0.2, True)
-        if algo.update.whole:  # (one graph: the obs apart, in their own dtype)
-            inputs = (Tensor.from_numpy(Columns.pack(np.zeros((rows, 0), np.float32), action, logp, *terms, ret,
-                                                     value)), Tensor.from_numpy(obs))
-        else:
-            inputs = (Tensor.from_numpy(Columns.pack(obs.astype(np.float32), action, logp, *terms, ret, value)),)
+        (inputs,) = algo.update.inputs(*(x[None] for x in (obs, action, logp, *terms, ret, value)))
         algo.update.step(*inputs).asnumpy()  # compiles this batch size
         result[f"rows_{rows}"] = round(_median_us(lambda x=inputs: algo.update.step(*x), calls, repeats) / 1e3, 3)
     return result
