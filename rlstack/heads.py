@@ -10,9 +10,10 @@ A head is its MLP (`MLPHead`, whose layers are its own children), so its paramet
 | `CategoricalHead`           | PPO, AlphaZero | logits [B, n], legal-move mask    |
 | `GaussianHead`              | PPO     | mean [B, d], state-independent log_std   |
 | `SquashedGaussianHead`      | SAC     | tanh(mean + std * noise) rescaled to Box |
+| `DeterministicHead`         | TD3     | tanh(mu) + noise_std * noise, clipped, rescaled to Box |
 | `ValueHead`                 | PPO, AlphaZero | V(s) [B]                          |
 | `QHead`                     | DQN     | Q(s, .) [B, n] (optionally dueling), ε-greedy acting |
-| `twin_critics`              | SAC     | Q_i(s, a) for n critics [n, B]           |
+| `twin_critics`              | SAC, TD3 | Q_i(s, a) for n critics [n, B]          |
 """
 
 from __future__ import annotations
@@ -175,8 +176,29 @@ class SquashedGaussianHead(PolicyHead):
         return squashed * self.action_half + self.action_mid, logp
 
 
+class DeterministicHead(PolicyHead):
+    """TD3's actor: the deterministic action tanh(mu(x)) in [-1, 1]. Acting adds the exploration
+    noise `noise_std * noise` and clips to [-1, 1] before rescaling to the Box, as Stable-Baselines3
+    adds its action noise to the scaled action; zero noise is the deterministic action. `noise_std`
+    [d] is a parameter the optimizers do not train, so checkpoints and exported graphs carry it."""
+
+    def __init__(self, in_dim: int, spec, action_dim: int, action_mid: Tensor, action_half: Tensor):
+        super().__init__(in_dim, action_dim, spec, action_dim)
+        self.action_mid, self.action_half = action_mid, action_half
+        self.noise_std = Parameter(Tensor(np.zeros(action_dim, np.float32)), name="noise_std", requires_grad=False)
+
+    def scaled(self, x):
+        """The deterministic action in [-1, 1] [B, d], differentiable (the actor loss uses it)."""
+        return ops.tanh(self.forward(x))
+
+    def act(self, x, obs, noise):
+        """(action in env units [B, d], zeros [B]: a deterministic policy has no log-probability)."""
+        action = ops.clamp(self.scaled(x) + self.noise_std * noise, -1.0, 1.0)
+        return action * self.action_half + self.action_mid, ops.zeros((x.shape[0],), ms.float32)
+
+
 POLICY_HEADS = {"categorical": CategoricalHead, "gaussian": GaussianHead,
-                "squashed_gaussian": SquashedGaussianHead}
+                "squashed_gaussian": SquashedGaussianHead, "deterministic": DeterministicHead}
 """`NetSpec.policy` -> its head class."""
 
 

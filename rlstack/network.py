@@ -29,6 +29,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from rlstack.encoders import ENCODERS, ObsNormalizer, obs_dim_of, resolve_encoder
 from rlstack.heads import (
     CategoricalHead,
+    DeterministicHead,
     GaussianHead,
     NoiseKind,
     PolicyHead,
@@ -50,6 +51,7 @@ class PolicyKind(StrEnum):
     CATEGORICAL = "categorical"
     GAUSSIAN = "gaussian"
     SQUASHED_GAUSSIAN = "squashed_gaussian"
+    DETERMINISTIC = "deterministic"
 
 
 class QKind(StrEnum):
@@ -149,6 +151,8 @@ class Network(nn.Cell):
             self.pi = GaussianHead(features, spec, self.action_dim)
         elif self.policy_kind == PolicyKind.SQUASHED_GAUSSIAN:
             self.pi = SquashedGaussianHead(features, spec, self.action_dim, self.action_mid, self.action_half)
+        elif self.policy_kind == PolicyKind.DETERMINISTIC:
+            self.pi = DeterministicHead(features, spec, self.action_dim, self.action_mid, self.action_half)
         if spec.value:
             self.vf = ValueHead(features, spec)
         if self.q_kind == QKind.DISCRETE:
@@ -166,6 +170,8 @@ class Network(nn.Cell):
             raise ValueError("a categorical policy needs a Discrete action space")
         if self.policy_kind in (PolicyKind.GAUSSIAN, PolicyKind.SQUASHED_GAUSSIAN) and self.discrete:
             raise ValueError("a Gaussian policy needs a Box action space")
+        if self.policy_kind == PolicyKind.DETERMINISTIC and self.discrete:
+            raise ValueError("a deterministic policy needs a Box action space")
         if self.q_kind == QKind.DISCRETE and not self.discrete:
             raise ValueError("discrete Q-values need a Discrete action space")
         if self.q_kind == QKind.CONTINUOUS and self.discrete:
@@ -243,6 +249,14 @@ class Network(nn.Cell):
     def sample_action(self, obs, noise):
         """SAC actor: obs, standard-normal noise [B, d] -> (action in env units, logp), differentiable."""
         return self.pi.act(self.features(obs), obs, noise)
+
+    def policy_action(self, obs):
+        """TD3's actor: obs -> the deterministic action scaled to [-1, 1] [B, d], differentiable."""
+        return self.pi.scaled(self.features(obs))
+
+    def q_scaled(self, obs, action_scaled):
+        """obs [B, ...], action [B, d] scaled to [-1, 1] -> Q_i(s, a) for every critic, [n_critics, B]."""
+        return critic_values(self.critics, self.features(obs), action_scaled)
 
     def _value_for_act(self, x, action):
         if not self.act_value:

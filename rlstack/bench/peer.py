@@ -29,14 +29,16 @@ from rlstack.plot import PEER_SPEC
 
 _STARTING_ENV = dict(os.environ)  # before anything imports MindSpore
 
-CONFIGS = {"ppo": "ppo_cartpole", "dqn": "dqn_cartpole", "sac": "sac_pendulum"}
+CONFIGS = {"ppo": "ppo_cartpole", "dqn": "dqn_cartpole", "sac": "sac_pendulum", "td3": "td3_pendulum"}
 """`--algos` names -> the shipped config each runs (`--configs` names configs directly)."""
 
 SB3_SCRIPT = r"""
 import json, sys, time
 import gymnasium as gym
+import numpy as np
 import torch
-from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3 import DQN, PPO, SAC, TD3
+from stable_baselines3.common.noise import NormalActionNoise
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
@@ -80,7 +82,10 @@ kwargs = {k: schedule(v) if k in ("learning_rate", "clip_range") else v for k, v
 policy_kwargs = {"net_arch": spec["hidden"], "activation_fn": activation}
 if spec["encoder"] == "minatar_cnn":
     policy_kwargs["features_extractor_class"] = MinAtarCNN
-algo = {"ppo": PPO, "dqn": DQN, "sac": SAC}[spec["algo"]]
+if spec["action_noise"] is not None:  # TD3's exploration: Gaussian noise of this std on the scaled action
+    dim = env.action_space.shape[-1]
+    kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), np.full(dim, spec["action_noise"]))
+algo = {"ppo": PPO, "dqn": DQN, "sac": SAC, "td3": TD3}[spec["algo"]]
 model = algo(spec["policy"], env, seed=spec["seed"], device="cpu", verbose=0, policy_kwargs=policy_kwargs,
              tensorboard_log=spec["tensorboard"], **kwargs)
 model.learn(total_timesteps=spec["total_steps"])
@@ -114,6 +119,7 @@ def sb3_spec(cfg, evaluate: bool = False, tensorboard: str | None = None) -> dic
     from rlstack.envs.make import make_env
 
     t, algo = cfg.train, cfg.algo
+    action_noise = None
     if algo == "ppo":
         kwargs = {"n_steps": t.n_steps, "batch_size": t.batch_size, "n_epochs": t.n_epochs, "gamma": t.gamma,
                   "gae_lambda": t.gae_lambda, "ent_coef": t.ent_coef, "vf_coef": t.vf_coef,
@@ -121,12 +127,17 @@ def sb3_spec(cfg, evaluate: bool = False, tensorboard: str | None = None) -> dic
     else:
         kwargs = {"learning_rate": t.lr, "batch_size": t.batch_size, "buffer_size": t.buffer_size,
                   "learning_starts": t.learning_starts, "gamma": t.gamma, "train_freq": t.train_freq,
-                  "gradient_steps": t.gradient_steps, "target_update_interval": t.target_update_interval}
+                  "gradient_steps": t.gradient_steps}
         if algo == "dqn":
             kwargs.update(exploration_fraction=t.exploration_fraction, exploration_final_eps=t.exploration_final_eps,
-                          exploration_initial_eps=t.exploration_initial_eps)
+                          exploration_initial_eps=t.exploration_initial_eps,
+                          target_update_interval=t.target_update_interval)
+        elif algo == "sac":
+            kwargs.update(tau=t.tau, target_update_interval=t.target_update_interval)
         else:
-            kwargs.update(tau=t.tau)
+            kwargs.update(tau=t.tau, policy_delay=t.policy_delay, target_policy_noise=t.target_policy_noise,
+                          target_noise_clip=t.target_noise_clip)
+            action_noise = t.noise_std if t.noise_type == "normal" else None
     env = make_env(cfg.env.id, cfg.env.kwargs, imports=cfg.env.imports)
     encoder = resolve_encoder(cfg.net.encoder, env.observation_space)
     env.close()
@@ -134,6 +145,7 @@ def sb3_spec(cfg, evaluate: bool = False, tensorboard: str | None = None) -> dic
             "vector": cfg.env.vector, "seed": cfg.seed, "total_steps": t.total_steps,
             "policy": "MlpPolicy" if encoder == "mlp" else "CnnPolicy", "encoder": encoder,
             "hidden": list(cfg.net.hidden), "activation": cfg.net.activation, "kwargs": kwargs,
+            "action_noise": action_noise,
             "eval_episodes": cfg.env.eval_episodes if evaluate else 0, "tensorboard": tensorboard}
 
 

@@ -103,6 +103,9 @@ LEARNING_RUNS: dict[str, LearningRun] = {
     # budget).
     "sac": LearningRun("sac_pendulum", "tests/algorithms/test_sac.py::test_sac_solves_pendulum_within_5e3_steps",
                        -200.0, ("train.total_steps=5000",)),
+    # The Zoo config with 1e3 of its 1e4 random steps and 6e3 steps in all.
+    "td3": LearningRun("td3_pendulum", "tests/algorithms/test_td3.py::test_td3_learns_pendulum_within_6e3_steps",
+                       -200.0, ("train.total_steps=6000", "train.learning_starts=1000")),
     # PPO from MinAtar Breakout's frames (the MinAtar conv encoder, uint8 storage) at a tenth of its
     # config's budget; a random policy scores 0.41 +- 0.65 an episode (200 episodes).
     "ppo_minatar": LearningRun("ppo_minatar",

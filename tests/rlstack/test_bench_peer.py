@@ -32,3 +32,18 @@ def test_the_peer_gets_the_same_config_steps_and_seed(config, family, policy, en
 
 def test_the_peer_script_is_valid_python():
     ast.parse(SB3_SCRIPT)
+
+
+@pytest.mark.parametrize("config", ["sac_pendulum", "td3_pendulum"])
+def test_the_peer_gets_sac_and_td3_settings(config):
+    cfg = load_config(config, ["train.noise_std=0.3"] if config.startswith("td3") else [])
+    spec = sb3_spec(cfg)
+    t, kwargs = cfg.train, spec["kwargs"]
+    assert (kwargs["learning_rate"], kwargs["tau"], kwargs["gamma"], kwargs["batch_size"]) == (t.lr, t.tau, t.gamma,
+                                                                                               t.batch_size)
+    if cfg.algo == "td3":
+        assert (kwargs["policy_delay"], kwargs["target_policy_noise"], kwargs["target_noise_clip"]) == (2, 0.2, 0.5)
+        assert spec["action_noise"] == 0.3 and "target_update_interval" not in kwargs
+        assert sb3_spec(load_config(config, ["train.noise_type=none"]))["action_noise"] is None
+    else:
+        assert kwargs["target_update_interval"] == 1 and spec["action_noise"] is None
