@@ -25,6 +25,10 @@ RUNS = {
     "ppo": ("ppo_cartpole", 3, ["train.total_steps=2048"]),
     "dqn": ("dqn_cartpole", 5, ["train.total_steps=2500", "train.learning_starts=1000"]),
     "sac": ("sac_pendulum", 60, ["train.total_steps=400", "train.learning_starts=100", "net.hidden=[32,32]"]),
+    # MuJoCo: stopped mid-episode (1,000 steps each), its simulation state and RNG in the checkpoint
+    "sac_halfcheetah": ("sac_halfcheetah", 60, ["train.total_steps=400", "train.learning_starts=100",
+                                                "net.hidden=[32,32]"]),
+    "td3": ("td3_pendulum", 61, ["train.total_steps=400", "train.learning_starts=100", "net.hidden=[32,32]"]),
     # a league: opponents are the run's own exported versions and the perfect sparring partner
     "tictactoe": ("ppo_tictactoe_selfplay", 5, ["train.total_steps=8192", "selfplay.eval_every=3",
                                                  "selfplay.eval_games=40", "env.eval_episodes=4"]),
