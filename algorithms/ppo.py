@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import mindspore as ms
@@ -28,7 +29,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
 from rlstack.buffers import RolloutBatch, pack_columns, rollout_batch
-from rlstack.collector import Trajectory
+from rlstack.collector import RewardScaler, Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig, mlp_params
 from rlstack.distributed import GradMean
 from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
@@ -37,6 +38,10 @@ from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_coef, flatten, unflatten
 from rlstack.registry import Progress
 from rlstack.schedules import parse_schedule
+
+
+REWARD_SCALER_FILE = "reward_scaler.json"
+"""The checkpoint file of `RewardScaler`'s statistics (`train.normalize_reward`)."""
 
 
 @dataclass
@@ -65,6 +70,12 @@ class PPOConfig(TrainConfig):
     """Global gradient-norm clipping threshold."""
     normalize_advantage: bool = True
     """Normalise advantages to zero mean and unit std within each minibatch."""
+    normalize_reward: bool = False
+    """Scale the learner's rewards by the running std of the discounted return and clip them to
+    +-`clip_reward`, as Stable-Baselines3's `VecNormalize(norm_reward=True)` (`gamma` its discount);
+    the episode returns logged and evaluated stay the env's own."""
+    clip_reward: float = 10.0
+    """The clip of scaled rewards (`normalize_reward`)."""
     is_clip: float | None = None
     """Truncated importance sampling for stale samples (`actors` >= 1): the clipped ratio is taken
     against the learner's policy at the start of the update and each sample is weighted by
@@ -87,6 +98,8 @@ class PPOConfig(TrainConfig):
                 parse_schedule(getattr(self, key), f"train.{key}")
             except ValueError as err:
                 raise ConfigError(str(err)) from None
+        if self.clip_reward <= 0:
+            raise ConfigError(f"'train.clip_reward' must be > 0, got {self.clip_reward}")
         if self.is_clip is not None and self.is_clip <= 0:
             raise ConfigError(f"'train.is_clip' must be > 0 (or null for no correction), got {self.is_clip}")
 
@@ -413,14 +426,21 @@ class PPO(registry.Algorithm):
         self.update = PPOStep(self.network, self.optimizer, self.cfg, policy_params, value_params, self.columns,
                               cfg.learner.workers, tuple(shared_params))
         self.learner_logp = LearnerLogp(self.network) if self.cfg.is_clip is not None else None
+        self.reward_scaler = RewardScaler(self.cfg.gamma, self.cfg.clip_reward) if self.cfg.normalize_reward else None
 
     def state_cell(self) -> nn.Cell:
         """Everything a checkpoint must hold: network and optimizer state."""
         return self.update
 
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """The reward scaler's statistics (`normalize_reward`)."""
+        return {REWARD_SCALER_FILE: self.reward_scaler} if self.reward_scaler is not None else {}
+
     def learn(self, rollout: Trajectory, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
         """One PPO update from one rollout (a collector chunk of `n_steps` vector steps); returns
         `train/...` metrics."""
+        if self.reward_scaler is not None:
+            rollout = self.reward_scaler(rollout)
         return self.learn_batch(rollout_batch(rollout, self.cfg.gamma, self.cfg.gae_lambda), progress.remaining, rng)
 
     def learn_batch(self, batch: RolloutBatch, progress_remaining: float, rng: np.random.Generator) -> dict[str, float]:

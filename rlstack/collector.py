@@ -12,6 +12,7 @@ the learner-update count of the weights that chose it (`version`).
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 from collections.abc import Callable
@@ -283,6 +284,42 @@ class RunningMeanStd:
         self.mean = np.asarray(state["mean"], np.float64)
         self.var = np.asarray(state["var"], np.float64)
         self.count = float(state["count"])
+
+
+class RewardScaler:
+    """Reward scaling for the learner as Stable-Baselines3's `VecNormalize(norm_reward=True)`: a
+    running discounted return per env (reset at episode ends), its running variance (updated
+    every step), and each reward divided by that std and clipped to [-clip, clip]. The episode
+    returns logged stay the env's own. Returns are kept per chunk source (`Trajectory.actor`).
+    A checkpoint extra: `save` / `load` keep it across a resume."""
+
+    EPSILON = 1e-8
+
+    def __init__(self, gamma: float, clip: float):
+        self.gamma, self.clip = gamma, clip
+        self.rms = RunningMeanStd(())
+        self.returns: dict[int, np.ndarray] = {}
+
+    def __call__(self, traj: Trajectory) -> Trajectory:
+        """`traj` with its rewards scaled (float32); the statistics updated by its steps."""
+        returns = self.returns.setdefault(traj.actor, np.zeros(traj.reward.shape[1]))
+        done = traj.terminated | traj.truncated
+        scaled = np.empty(traj.reward.shape, np.float32)
+        for t, reward in enumerate(traj.reward):
+            returns[:] = returns * self.gamma + reward
+            self.rms.update(returns)
+            scaled[t] = np.clip(reward / np.sqrt(self.rms.var + self.EPSILON), -self.clip, self.clip)
+            returns[done[t]] = 0.0
+        return traj._replace(reward=scaled)
+
+    def save(self, path: Path) -> None:
+        state = {"rms": self.rms.state(), "returns": {str(k): v.tolist() for k, v in self.returns.items()}}
+        path.write_text(json.dumps(state))
+
+    def load(self, path: Path) -> None:
+        state = json.loads(path.read_text())
+        self.rms.load(state["rms"])
+        self.returns = {int(k): np.asarray(v, np.float64) for k, v in state["returns"].items()}
 
 
 class LocalSource(ChunkSource):

@@ -73,6 +73,11 @@ class Algorithm:
         """The Cell whose parameters a checkpoint must hold (network, target copies, optimizers)."""
         raise NotImplementedError
 
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """Host-side state a checkpoint holds besides `state_cell`'s parameters: file name -> an
+        object with `save(path)` and `load(path)` (PPO: its reward scaler)."""
+        return {}
+
     def target_networks(self) -> tuple:
         """Copies of `network` that read the same observation statistics (a DQN or SAC target)."""
         return ()

@@ -98,6 +98,8 @@ class Trainer:
         self.keeper = BestKeeper(self.network)
         """Keeps the best periodic evaluation (`train.eval_every`, `train.keep_best`), checkpointed."""
         self.ckpt.add_extra(BEST_FILE, self.keeper)
+        for filename, extra in self.algo.checkpoint_extras().items():
+            self.ckpt.add_extra(filename, extra)
         self.evals = PeriodicEval(cfg, self.network, self.keeper)
         self.stop = StopSignals(lambda text: self.log.message(text), world.agree_stop if world else None)
         """SIGINT / SIGTERM during `train()`: stop after the current update (rlstack/stopping.py)."""
