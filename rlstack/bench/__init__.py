@@ -18,6 +18,7 @@ BENCHMARKS = {
     "peer": "rlstack.bench.peer",
     "runtime": "rlstack.bench.runtime",
     "conv": "rlstack.bench.conv",
+    "mujoco": "rlstack.bench.mujoco",
 }
 
 

@@ -42,7 +42,7 @@ from stable_baselines3.common.noise import NormalActionNoise
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
-from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
+from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack, VecNormalize
 
 spec = json.loads(sys.argv[1])
 torch.manual_seed(spec["seed"])
@@ -77,9 +77,13 @@ def make(n_envs, seed):
 
 t0 = time.perf_counter()
 env = make(spec["n_envs"], spec["seed"])
+norm = spec["normalize"]
+if norm is not None:  # the Zoo's `normalize`: VecNormalize with the algorithm's gamma
+    env = VecNormalize(env, norm_obs=norm["obs"], norm_reward=norm["reward"], clip_obs=norm["clip_obs"],
+                       clip_reward=norm["clip_reward"], gamma=norm["gamma"])
 activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[spec["activation"]]
 kwargs = {k: schedule(v) if k in ("learning_rate", "clip_range") else v for k, v in spec["kwargs"].items()}
-policy_kwargs = {"net_arch": spec["hidden"], "activation_fn": activation}
+policy_kwargs = {"net_arch": spec["hidden"], "activation_fn": activation, **spec["policy_kwargs"]}
 if spec["encoder"] == "minatar_cnn":
     policy_kwargs["features_extractor_class"] = MinAtarCNN
 if spec["action_noise"] is not None:  # TD3's exploration: Gaussian noise of this std on the scaled action
@@ -96,6 +100,10 @@ if spec["eval_episodes"]:
     # Whole games' scores: the Monitor under SB3's Atari wrappers counts games, not lives, and
     # records rewards before clipping (evaluate_policy reads it).
     eval_env = make(1, spec["seed"] + 10_000)
+    if norm is not None:  # the training statistics, frozen; the env's own rewards
+        eval_env = VecNormalize(eval_env, training=False, norm_obs=norm["obs"], norm_reward=False,
+                                clip_obs=norm["clip_obs"])
+        eval_env.obs_rms = env.obs_rms
     returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=spec["eval_episodes"], deterministic=True,
                                  return_episode_rewards=True)
     result["eval_returns"] = [float(r) for r in returns]
@@ -119,11 +127,16 @@ def sb3_spec(cfg, evaluate: bool = False, tensorboard: str | None = None) -> dic
     from rlstack.envs.make import make_env
 
     t, algo = cfg.train, cfg.algo
-    action_noise = None
+    action_noise, policy_kwargs = None, {}
+    normalize_reward = algo == "ppo" and t.normalize_reward
+    normalize = None if not (cfg.net.normalize_obs or normalize_reward) else {
+        "obs": cfg.net.normalize_obs, "reward": normalize_reward, "clip_obs": cfg.net.obs_clip,
+        "clip_reward": t.clip_reward if normalize_reward else 10.0, "gamma": t.gamma}
     if algo == "ppo":
         kwargs = {"n_steps": t.n_steps, "batch_size": t.batch_size, "n_epochs": t.n_epochs, "gamma": t.gamma,
                   "gae_lambda": t.gae_lambda, "ent_coef": t.ent_coef, "vf_coef": t.vf_coef,
                   "max_grad_norm": t.max_grad_norm, "learning_rate": t.lr, "clip_range": t.clip_range}
+        policy_kwargs = {"ortho_init": cfg.net.ortho_init, "log_std_init": cfg.net.log_std_init}
     else:
         kwargs = {"learning_rate": t.lr, "batch_size": t.batch_size, "buffer_size": t.buffer_size,
                   "learning_starts": t.learning_starts, "gamma": t.gamma, "train_freq": t.train_freq,
@@ -145,7 +158,7 @@ def sb3_spec(cfg, evaluate: bool = False, tensorboard: str | None = None) -> dic
             "vector": cfg.env.vector, "seed": cfg.seed, "total_steps": t.total_steps,
             "policy": "MlpPolicy" if encoder == "mlp" else "CnnPolicy", "encoder": encoder,
             "hidden": list(cfg.net.hidden), "activation": cfg.net.activation, "kwargs": kwargs,
-            "action_noise": action_noise,
+            "action_noise": action_noise, "normalize": normalize, "policy_kwargs": policy_kwargs,
             "eval_episodes": cfg.env.eval_episodes if evaluate else 0, "tensorboard": tensorboard}
 
 
@@ -208,6 +221,31 @@ def _median_row(name: str, cfg, runs: dict[str, list[dict]], evaluate: bool) -> 
     return row
 
 
+FIXED = ("train.progress=off", "train.eval_every=0", "train.keep_best=false")
+"""Overrides of every compared run: no periodic evaluation (SB3's `learn` runs none)."""
+
+
+def compare(name: str, cfg, sides: list[str], repeats: int, python: str | None, evaluate: bool,
+            keep: Path | None, scratch: str) -> dict:
+    """Config `cfg` (named `name`) on each side in `sides`, `repeats` times alternating; its row
+    (`_median_row`). `keep`: rlstack's run directories and SB3's TensorBoard logs go under it
+    (`rlstack/<tag>`, `sb3/<tag>`), else under `scratch`."""
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    base = keep if keep is not None else Path(scratch)
+    for repeat in range(repeats):
+        tag = f"{name}_seed{cfg.seed}_{repeat}"
+        if "rlstack" in runs:
+            runs["rlstack"].append({"load_average": os.getloadavg()[0],
+                                    **run_rlstack(cfg, str(base / "rlstack" / tag))})
+        if "sb3" in runs:
+            spec = sb3_spec(cfg, evaluate, str(base / "sb3" / tag) if keep is not None else None)
+            if keep is not None:  # what ran, for `python -m rlstack.plot` (labels, seeds)
+                (base / "sb3" / tag).mkdir(parents=True, exist_ok=True)
+                (base / "sb3" / tag / PEER_SPEC).write_text(json.dumps(spec, indent=2))
+            runs["sb3"].append({"load_average": os.getloadavg()[0], **run_sb3(python, spec)})
+    return _median_row(name, cfg, runs, evaluate)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstack.bench peer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", required=True, help="interpreter of a venv with stable-baselines3 and torch")
@@ -236,29 +274,16 @@ def main(argv: list[str]) -> int:
 
     sides = args.sides.split(",")
     names = args.configs.split(",") if args.configs else [CONFIGS[a] for a in args.algos.split(",")]
-    # No periodic evaluation (SB3's `learn` runs none); everything else as shipped or overridden.
-    fixed = ["train.progress=off", "train.eval_every=0", "train.keep_best=false"]
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        keep = Path(args.keep) if args.keep else Path(scratch)
+        keep = Path(args.keep) if args.keep else None
         for name in names:
             seeds = [None] if args.seeds is None else [int(s) for s in args.seeds.split(",")]
             for seed in seeds:
                 extra = [] if seed is None else [f"seed={seed}"]
-                cfg = load_config(name, [*fixed, *args.overrides, *extra])
-                runs: dict[str, list[dict]] = {side: [] for side in sides}
-                for repeat in range(args.repeats):
-                    tag = f"{Path(name).stem}_seed{cfg.seed}_{repeat}"
-                    if "rlstack" in runs:
-                        runs["rlstack"].append({"load_average": os.getloadavg()[0],
-                                                **run_rlstack(cfg, str(keep / "rlstack" / tag))})
-                    if "sb3" in runs:
-                        spec = sb3_spec(cfg, args.evaluate, str(keep / "sb3" / tag) if args.keep else None)
-                        if args.keep:  # what ran, for `python -m rlstack.plot` (labels, seeds)
-                            (keep / "sb3" / tag).mkdir(parents=True, exist_ok=True)
-                            (keep / "sb3" / tag / PEER_SPEC).write_text(json.dumps(spec, indent=2))
-                        runs["sb3"].append({"load_average": os.getloadavg()[0], **run_sb3(args.python, spec)})
-                rows.append(_median_row(Path(name).stem, cfg, runs, args.evaluate))
+                cfg = load_config(name, [*FIXED, *args.overrides, *extra])
+                rows.append(compare(Path(name).stem, cfg, sides, args.repeats, args.python, args.evaluate, keep,
+                                    scratch))
     print(json.dumps(rows, indent=2))
     if args.json:
         with open(args.json, "w") as f:

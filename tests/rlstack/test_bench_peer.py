@@ -47,3 +47,21 @@ def test_the_peer_gets_sac_and_td3_settings(config):
         assert sb3_spec(load_config(config, ["train.noise_type=none"]))["action_noise"] is None
     else:
         assert kwargs["target_update_interval"] == 1 and spec["action_noise"] is None
+
+
+def test_the_peer_normalizes_as_the_config_does():
+    cfg = load_config("ppo_halfcheetah")
+    spec = sb3_spec(cfg)
+    assert spec["normalize"] == {"obs": True, "reward": True, "clip_obs": 10.0, "clip_reward": 10.0, "gamma": 0.98}
+    assert spec["policy_kwargs"] == {"ortho_init": False, "log_std_init": -2.0}
+    assert spec["hidden"] == [256, 256] and spec["activation"] == "relu"
+    assert sb3_spec(load_config("ppo_cartpole"))["normalize"] is None
+
+
+def test_bench_mujoco_finds_the_shipped_configs_and_names_them_otherwise():
+    from rlstack.bench.mujoco import config_name
+
+    assert config_name("td3", "HalfCheetah") == "td3_halfcheetah"
+    assert config_name("sac", "hopper") == "sac_hopper"
+    with pytest.raises(SystemExit, match="no shipped MuJoCo config 'ppo_hopper'; available: .*ppo_halfcheetah"):
+        config_name("ppo", "Hopper")
