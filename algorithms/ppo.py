@@ -39,7 +39,6 @@ from rlstack.optim import clip_coef, flatten, unflatten
 from rlstack.registry import Progress
 from rlstack.schedules import parse_schedule
 
-
 REWARD_SCALER_FILE = "reward_scaler.json"
 """The checkpoint file of `RewardScaler`'s statistics (`train.normalize_reward`)."""
 

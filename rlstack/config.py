@@ -302,7 +302,7 @@ class LearnerConfig:
 @dataclass
 class Config:
     algo: str = "ppo"
-    """Algorithm name in the registry (`ppo`, `dqn`, `sac`)."""
+    """Algorithm name in the registry (`ppo`, `dqn`, `sac`, `td3`, `alphazero`, or a plug-in's)."""
     seed: int = 0
     """Seeds network initialisation, noise, and the environments (env i gets seed + i)."""
     device: str = "cpu"

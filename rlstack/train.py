@@ -15,9 +15,9 @@ from rlstack.errors import RlstackError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rlstack.train",
-        description="Train PPO/DQN/SAC on a gymnasium env. Overrides are dotted key=value pairs, "
+        description="Train PPO/DQN/SAC/TD3/AlphaZero on a gymnasium env. Overrides are dotted key=value pairs, "
                     "e.g. `seed=3 env.id=Acrobot-v1 train.total_steps=50000`.",
-        epilog="Every config key with its default and meaning: --help-keys ppo (or dqn, sac).\n"
+        epilog="Every config key with its default and meaning: --help-keys ppo (or dqn, sac, td3, alphazero).\n"
                "Options and overrides may come in any order.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
