@@ -31,12 +31,12 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
+from rlstack.actor_critic import CriticLoss, TwinCriticAlgorithm
 from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
 from rlstack.graphcall import LeanCall, to_numpy, written_by
-from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
+from rlstack.network import Network, PolicyKind
 from rlstack.registry import Progress
 from rlstack.replay import Replay
-from rlstack.schedules import parse_schedule
 
 
 @dataclass
@@ -91,20 +91,6 @@ def parse_ent_coef(value: str) -> tuple[bool, float]:
     return learned, alpha
 
 
-class CriticLoss(nn.Cell):
-    """0.5 * sum over critics of MSE(Q_i(s, a), y); returns (loss, mean Q)."""
-
-    def __init__(self, network: Network):
-        super().__init__()
-        self.network = network
-
-    def construct(self, obs, action, target):
-        q = self.network.q_sa(obs, action)  # [n_critics, B]
-        err = q - target
-        loss = 0.5 * (err * err).mean(axis=1).sum()
-        return loss, q.mean()
-
-
 class ActorLoss(nn.Cell):
     """E[alpha * logp(a|s) - min_i Q_i(s, a)], a reparameterised; returns (loss, logp [B])."""
 
@@ -139,7 +125,7 @@ class SACUpdate(nn.Cell):
         self.actor_optimizer = nn.Adam(network.pi.trainable_params(), learning_rate=Tensor(lr, ms.float32))
         if learned:
             self.alpha_optimizer = nn.Adam([self.log_alpha], learning_rate=Tensor(lr, ms.float32))
-        self.critic_loss = CriticLoss(network)
+        self.critic_loss = CriticLoss(network, 0.5)
         self.actor_loss = ActorLoss(network)
         self.critic_grad = ops.value_and_grad(self.critic_loss, None, self.critic_optimizer.parameters,
                                               has_aux=True)
@@ -194,25 +180,16 @@ class SACUpdate(nn.Cell):
         return ops.stack((critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp.mean()))
 
 
-class SAC(registry.Algorithm):
+class SAC(TwinCriticAlgorithm):
     """SAC: squashed-Gaussian policy and twin Q critics on the shared network, plus target critics."""
 
-    data_path = registry.DataPath.REPLAY
+    policy = PolicyKind.SQUASHED_GAUSSIAN
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
-        if not isinstance(action_space, gym.spaces.Box):
-            raise ConfigError(f"sac needs a Box action space; {cfg.env.id} has {action_space}")
-        self.cfg: SACConfig = cfg.train
-        spec = NetSpec.of(cfg.net, policy=PolicyKind.SQUASHED_GAUSSIAN, value=False, q=QKind.CONTINUOUS,
-                          n_critics=self.cfg.n_critics, act_value=False)
-        self.network = Network(obs_space, action_space, spec)
-        self.target = Network(obs_space, action_space, spec)
-        copy_parameters(self.network, self.target)
-        self.action_dim = self.network.action_dim
+        super().__init__(cfg, obs_space, action_space)
+        self.cfg: SACConfig
         self.target_entropy = (-float(self.action_dim) if self.cfg.target_entropy == "auto"
                                else float(self.cfg.target_entropy))
-        self.lr = parse_schedule(self.cfg.lr, "train.lr")
-        self.current_lr = self.lr(1.0)
         self.update = SACUpdate(self.network, self.target, self.cfg, self.current_lr, self.target_entropy)
         # The lean call (`Cell.__call__` re-sets the compile phase of every sub-cell on each call:
         # docs/PERFORMANCE.md#sac-update-graph).
@@ -220,15 +197,6 @@ class SAC(registry.Algorithm):
         self.optimizers = [self.update.critic_optimizer, self.update.actor_optimizer]
         if self.update.learn_alpha:
             self.optimizers.append(self.update.alpha_optimizer)
-        self.chunk_steps = self.cfg.train_freq
-        self._gradient_steps: int | None = None  # host copy of update.n_gradient_steps
-
-    def state_cell(self) -> nn.Cell:
-        """Everything a checkpoint must hold: network, target critics, optimizers, log(alpha)."""
-        return self.update
-
-    def target_networks(self) -> tuple:
-        return (self.target,)
 
     @property
     def alpha(self) -> float:
@@ -237,13 +205,7 @@ class SAC(registry.Algorithm):
     def learn(self, replay: Replay, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
         """`gradient_steps` SAC gradient steps on minibatches from `replay`; the target critics
         are updated every `target_update_interval` gradient steps. Returns `train/...` metrics."""
-        lr = self.lr(progress.remaining)
-        if lr != self.current_lr:
-            self.current_lr = lr
-            for optimizer in self.optimizers:
-                optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
-        if self._gradient_steps is None:  # first call, possibly after loading a checkpoint
-            self._gradient_steps = int(self.update.n_gradient_steps.asnumpy())
+        lr = self.scheduled_lr(progress)
         k, b, d = self.cfg.gradient_steps, self.cfg.batch_size, self.action_dim
         batch = replay.sample((k, b), rng)  # [K, B, ...]
         noise = rng.standard_normal((2, k, b, d), dtype=np.float32)  # actor noise on obs, next_obs

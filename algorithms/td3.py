@@ -32,12 +32,12 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from rlstack import registry
+from rlstack.actor_critic import CriticLoss, TwinCriticAlgorithm
 from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
 from rlstack.graphcall import LeanCall, to_numpy, written_by
-from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
+from rlstack.network import Network, PolicyKind
 from rlstack.registry import Progress
 from rlstack.replay import Replay
-from rlstack.schedules import parse_schedule
 
 NOISE_TYPES = ("normal", "none")
 """`train.noise_type`: Gaussian exploration noise of `noise_std` on the scaled action, or none
@@ -91,19 +91,6 @@ def smoothed_target_action(target: Network, next_obs, target_noise, noise_std: f
     return ops.clamp(target.policy_action(next_obs) + noise, -1.0, 1.0)
 
 
-class CriticLoss(nn.Cell):
-    """sum over critics of MSE(Q_i(s, a), y); returns (loss, mean Q)."""
-
-    def __init__(self, network: Network):
-        super().__init__()
-        self.network = network
-
-    def construct(self, obs, action, target):
-        q = self.network.q_sa(obs, action)  # [n_critics, B]
-        err = q - target
-        return (err * err).mean(axis=1).sum(), q.mean()
-
-
 class ActorLoss(nn.Cell):
     """-mean Q_1(s, mu(s)): the first critic only, as SB3's TD3."""
 
@@ -133,7 +120,7 @@ class TD3Step(nn.Cell):
         self.critic_optimizer, self.actor_optimizer = critic_optimizer, actor_optimizer
         self.n_gradient_steps = n_gradient_steps
         self.delayed = delayed
-        self.critic_grad = ops.value_and_grad(CriticLoss(network), None, critic_optimizer.parameters, has_aux=True)
+        self.critic_grad = ops.value_and_grad(CriticLoss(network, 1.0), None, critic_optimizer.parameters, has_aux=True)
         self.actor_grad = ops.value_and_grad(ActorLoss(network), None, actor_optimizer.parameters)
         online = network.critics.trainable_params() + network.pi.trainable_params()
         targets = target.critics.trainable_params() + target.pi.trainable_params()
@@ -175,39 +162,21 @@ class TD3Update(nn.Cell):
         self.full_step = TD3Step(*parts, delayed=True)
 
 
-class TD3(registry.Algorithm):
+class TD3(TwinCriticAlgorithm):
     """TD3: a deterministic actor and twin Q critics on the shared network, plus target copies."""
 
-    data_path = registry.DataPath.REPLAY
+    policy = PolicyKind.DETERMINISTIC
 
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
-        if not isinstance(action_space, gym.spaces.Box):
-            raise ConfigError(f"td3 needs a Box action space; {cfg.env.id} has {action_space}")
-        self.cfg: TD3Config = cfg.train
-        spec = NetSpec.of(cfg.net, policy=PolicyKind.DETERMINISTIC, value=False, q=QKind.CONTINUOUS,
-                          n_critics=self.cfg.n_critics, act_value=False)
-        self.network = Network(obs_space, action_space, spec)
-        self.target = Network(obs_space, action_space, spec)
+        super().__init__(cfg, obs_space, action_space)
+        self.cfg: TD3Config
         std = self.cfg.noise_std if self.cfg.noise_type == "normal" else 0.0
-        self.network.pi.noise_std.set_data(Tensor(np.full(self.network.action_dim, std, np.float32)))
-        copy_parameters(self.network, self.target)
-        self.action_dim = self.network.action_dim
-        self.lr = parse_schedule(self.cfg.lr, "train.lr")
-        self.current_lr = self.lr(1.0)
+        self.network.pi.noise_std.set_data(Tensor(np.full(self.action_dim, std, np.float32)))
         self.update = TD3Update(self.network, self.target, self.cfg, self.current_lr)
         state = written_by(self.update)
         self._steps = {False: LeanCall(self.update.critic_step, state),
                        True: LeanCall(self.update.full_step, state)}
         self.optimizers = [self.update.critic_optimizer, self.update.actor_optimizer]
-        self.chunk_steps = self.cfg.train_freq
-        self._gradient_steps: int | None = None  # host copy of update.n_gradient_steps
-
-    def state_cell(self) -> nn.Cell:
-        """Everything a checkpoint must hold: network, target actor and critics, optimizers, step count."""
-        return self.update
-
-    def target_networks(self) -> tuple:
-        return (self.target,)
 
     def delayed(self, step: int) -> bool:
         """Whether gradient step `step` (0-based over the run) also steps the actor and the targets:
@@ -216,13 +185,7 @@ class TD3(registry.Algorithm):
 
     def learn(self, replay: Replay, progress: Progress, rng: np.random.Generator) -> dict[str, float]:
         """`gradient_steps` TD3 gradient steps on minibatches from `replay`. Returns `train/...` metrics."""
-        lr = self.lr(progress.remaining)
-        if lr != self.current_lr:
-            self.current_lr = lr
-            for optimizer in self.optimizers:
-                optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
-        if self._gradient_steps is None:  # first call, possibly after loading a checkpoint
-            self._gradient_steps = int(self.update.n_gradient_steps.asnumpy())
+        lr = self.scheduled_lr(progress)
         k, b, d = self.cfg.gradient_steps, self.cfg.batch_size, self.action_dim
         batch = replay.sample((k, b), rng)  # [K, B, ...]
         noise = rng.standard_normal((k, b, d), dtype=np.float32)  # target policy smoothing

@@ -12,6 +12,7 @@ from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import ConfigError, load_config
 from rlstack.registry import Progress
 from rlstack.replay import ReplayBuffer
+from tests.algorithms.test_sac import _mlp, _params
 
 CONFIG = "configs/td3_pendulum.yaml"
 LOW, HIGH = np.array([-2.0, -1.0], np.float32), np.array([2.0, 3.0], np.float32)
@@ -22,19 +23,6 @@ def _td3(*overrides: str) -> TD3:
     cfg = load_config(CONFIG, ["net.hidden=[32, 32]", *overrides])
     obs_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
     return TD3(cfg, obs_space, gym.spaces.Box(LOW, HIGH, dtype=np.float32))
-
-
-def _params(cell) -> dict[str, np.ndarray]:
-    return {p.name: p.asnumpy().astype(np.float64) for p in cell.trainable_params()}
-
-
-def _mlp(params: dict[str, np.ndarray], head: str, x: np.ndarray) -> np.ndarray:
-    """A [32, 32] ReLU MLP whose parameter names end in `{head}.{0,2,4}.{weight,bias}`."""
-    def get(i, kind):
-        return next(v for k, v in params.items() if k.endswith(f"{head}.{i}.{kind}"))
-    h = np.maximum(x @ get(0, "weight").T + get(0, "bias"), 0)
-    h = np.maximum(h @ get(2, "weight").T + get(2, "bias"), 0)
-    return h @ get(4, "weight").T + get(4, "bias")
 
 
 def _np_mu(params, obs):
