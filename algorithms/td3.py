@@ -9,8 +9,9 @@ Follows Stable-Baselines3's TD3:
 - the critic loss is sum_i MSE(Q_i, y) (no factor 0.5, as SB3's TD3);
 - every `policy_delay`-th gradient step (counted over the whole run, from 1) also takes an actor
   step on -mean Q_1(s, mu(s)) through the critics just updated, then updates both targets;
-- exploration: Gaussian noise N(0, noise_std) added to the scaled action and clipped to [-1, 1]
-  (the Zoo's `noise_type: normal`), in the acting graph (`noise_std` is a parameter of the
+- exploration: Gaussian noise N(0, noise_std) (the Zoo's `noise_type: normal`) or an
+  Ornstein-Uhlenbeck process of that sigma (`ornstein-uhlenbeck`, its state in the acting module)
+  added to the scaled action and clipped to [-1, 1], in the acting graph (`noise_std` is a parameter of the
   actor head, so the exported graph acts as training did); random uniform actions before
   `learning_starts` (the trainer's off-policy loop).
 Differences from SB3:
@@ -35,13 +36,14 @@ from rlstack import registry
 from rlstack.actor_critic import CriticLoss, TwinCriticAlgorithm
 from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
 from rlstack.graphcall import LeanCall, to_numpy, written_by
-from rlstack.network import Network, PolicyKind
+from rlstack.network import Network, NoiseKind, PolicyKind
 from rlstack.registry import Progress
 from rlstack.replay import Replay
 
-NOISE_TYPES = ("normal", "none")
-"""`train.noise_type`: Gaussian exploration noise of `noise_std` on the scaled action, or none
-(the deterministic action; SB3's default)."""
+NOISE_TYPES = ("normal", "ornstein-uhlenbeck", "none")
+"""`train.noise_type` (the Zoo's names): exploration noise of std `noise_std` on the scaled action,
+Gaussian or an Ornstein-Uhlenbeck process (theta 0.15, dt 0.01, restarted at episode ends, as
+SB3's), or none (the deterministic action; SB3's default)."""
 
 
 @dataclass
@@ -58,8 +60,9 @@ class TD3Config(OffPolicyConfig):
     target_noise_clip: float = 0.5
     """That noise is clipped to [-target_noise_clip, target_noise_clip]."""
     noise_type: str = "normal"
-    """Exploration noise: `normal` (Gaussian, std `noise_std`, on the action scaled to [-1, 1]) or
-    `none`."""
+    """Exploration noise on the action scaled to [-1, 1]: `normal` (Gaussian, std `noise_std`),
+    `ornstein-uhlenbeck` (temporally correlated, as SB3's `OrnsteinUhlenbeckActionNoise` with sigma
+    `noise_std`, theta 0.15, dt 0.01, restarted at episode ends) or `none`."""
     noise_std: float = 0.1
     """Std of the exploration noise on the scaled action."""
     n_critics: int = 2
@@ -170,8 +173,10 @@ class TD3(TwinCriticAlgorithm):
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
         super().__init__(cfg, obs_space, action_space)
         self.cfg: TD3Config
-        std = self.cfg.noise_std if self.cfg.noise_type == "normal" else 0.0
+        std = 0.0 if self.cfg.noise_type == "none" else self.cfg.noise_std
         self.network.pi.noise_std.set_data(Tensor(np.full(self.action_dim, std, np.float32)))
+        if self.cfg.noise_type == "ornstein-uhlenbeck":  # the acting module keeps the process
+            self.network.pi.noise_kind = NoiseKind.ORNSTEIN_UHLENBECK
         self.update = TD3Update(self.network, self.target, self.cfg, self.current_lr)
         state = written_by(self.update)
         self._steps = {False: LeanCall(self.update.critic_step, state),

@@ -32,7 +32,7 @@ from mindspore import Tensor
 
 from rlstack.artifact import ArtifactError, LoadedGraph, interface, latest_name, load_graph
 from rlstack.graphcall import LeanCall, ParameterCopy, to_numpy
-from rlstack.network import NoiseKind, sample_noise
+from rlstack.network import NoiseKind, OUNoise, sample_noise
 from rlstack.spaces import MASK_KEY, OBS_KEY
 
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
@@ -74,6 +74,10 @@ class Acting:
         self.obs_dtype = np.dtype(manifest["inputs"].get("obs_dtype", "float32"))
         self.noise_kind = NoiseKind(manifest["noise"]["kind"])
         self.noise_dim = int(manifest["noise"]["dim"])
+        # Temporally correlated noise keeps its state here, one row per env of the caller's batch
+        # (and across a swap to another version of the graph).
+        process = getattr(self, "noise_process", None)
+        self.noise_process = (process or OUNoise()) if self.noise_kind == NoiseKind.ORNSTEIN_UHLENBECK else None
         self.batch_rows = int(manifest.get("batch_rows", 1))
         space = manifest["action_space"]
         self.box = space["type"] == "Box"
@@ -130,7 +134,14 @@ class Acting:
         """Sampling noise [batch, noise_dim], or zeros (the deterministic action) when rng is None."""
         if rng is None:
             return np.zeros((batch, self.noise_dim), np.float32)
+        if self.noise_process is not None:
+            return self.noise_process(batch, self.noise_dim, rng)
         return sample_noise(self.noise_kind, self.noise_dim, batch, rng)
+
+    def episodes_ended(self, done: np.ndarray) -> None:
+        """The envs of a batch whose episodes ended (a boolean mask): a noise process restarts them."""
+        if self.noise_process is not None:
+            self.noise_process.restart(done)
 
     def to_env(self, action: np.ndarray) -> np.ndarray:
         """The action the env receives: Gaussian samples are clipped to the Box (as SB3)."""

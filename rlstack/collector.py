@@ -150,8 +150,10 @@ class Collector:
         except env_state.NotSaved as err:
             self.unsaved = str(err)
             return
+        noise = self.acting.noise_process
         path.write_bytes(pickle.dumps({"envs": envs, "obs": self.obs, "ep_return": self.ep_return,
-                                       "ep_length": self.ep_length}, protocol=pickle.HIGHEST_PROTOCOL))
+                                       "ep_length": self.ep_length, "noise": noise.state if noise else None},
+                                      protocol=pickle.HIGHEST_PROTOCOL))
 
     def load(self, path: Path) -> None:
         """Continue the saved episodes; if the env refuses its saved state (e.g. a self-play
@@ -163,6 +165,8 @@ class Collector:
             self.unsaved = str(err)
             return
         self.obs, self.ep_return, self.ep_length = state["obs"], state["ep_return"], state["ep_length"]
+        if self.acting.noise_process is not None:  # the exploration noise's process where it was
+            self.acting.noise_process.state = state.get("noise")
 
     def collect(self, out: dict[str, np.ndarray], explore: Callable[[int], bool]) -> tuple[list, list, float, float]:
         """Fill `out` (the `trajectory_specs` arrays); `explore(t)` runs before step t and returns
@@ -212,6 +216,7 @@ class Collector:
                     returns.append(float(self.ep_return[i]))
                     lengths.append(int(self.ep_length[i]))
             self.ep_return[done], self.ep_length[done] = 0.0, 0
+            acting.episodes_ended(done)
             self.obs = next_obs
             t3 = time.perf_counter()
             act_s += (t1 - t0) + (t3 - t2)

@@ -42,6 +42,10 @@ class NoiseKind(StrEnum):
     EPSILON_GREEDY = "epsilon_greedy"
     """[B, 1 + n]: column 0 uniform in [0, 1) (explore when it exceeds 1 - epsilon), then
     standard Gumbel for the uniformly random action."""
+    ORNSTEIN_UHLENBECK = "ornstein_uhlenbeck"
+    """[B, d]: a unit Ornstein-Uhlenbeck process per row (`rlstack.network.OUNoise`), one step per
+    call, restarted at the row's episode ends; the head scales it (TD3's temporally correlated
+    exploration)."""
 
 
 class MLPHead(nn.Cell):
@@ -180,10 +184,12 @@ class DeterministicHead(PolicyHead):
     """TD3's actor: the deterministic action tanh(mu(x)) in [-1, 1]. Acting adds the exploration
     noise `noise_std * noise` and clips to [-1, 1] before rescaling to the Box, as Stable-Baselines3
     adds its action noise to the scaled action; zero noise is the deterministic action. `noise_std`
-    [d] is a parameter the optimizers do not train, so checkpoints and exported graphs carry it."""
+    [d] is a parameter the optimizers do not train, so checkpoints and exported graphs carry it. The
+    noise is standard normal, or an Ornstein-Uhlenbeck process with `noise_kind` set to it."""
 
     def __init__(self, in_dim: int, spec, action_dim: int, action_mid: Tensor, action_half: Tensor):
         super().__init__(in_dim, action_dim, spec, action_dim)
+        self.noise_kind = NoiseKind.NORMAL
         self.action_mid, self.action_half = action_mid, action_half
         self.noise_std = Parameter(Tensor(np.zeros(action_dim, np.float32)), name="noise_std", requires_grad=False)
 

@@ -42,7 +42,7 @@ from rlstack.heads import (
 from rlstack.layers import BLOCK_ROWS, mlp
 from rlstack.spaces import mask_dim_of
 
-__all__ = ["BLOCK_ROWS", "NetSpec", "Network", "NoiseKind", "PolicyKind", "QKind", "copy_parameters", "mlp",
+__all__ = ["BLOCK_ROWS", "NetSpec", "Network", "NoiseKind", "OUNoise", "PolicyKind", "QKind", "copy_parameters", "mlp",
            "obs_dim_of", "sample_noise"]
 
 
@@ -297,6 +297,30 @@ class Network(nn.Cell):
     def policy_logp_entropy(self, obs, action):
         """The policy head alone (PPO's policy-loss graph): (logp [B], entropy [B])."""
         return self.pi.logp_entropy(self.features(obs), obs, action)
+
+
+class OUNoise:
+    """A unit Ornstein-Uhlenbeck process per row, as Stable-Baselines3's
+    `OrnsteinUhlenbeckActionNoise` with sigma 1 (the acting graph multiplies by its std):
+    x <- x - theta * x * dt + sqrt(dt) * N(0, 1), from 0, in float64; a row restarts at 0 when its
+    episode ends."""
+
+    THETA, DT = 0.15, 1e-2
+
+    def __init__(self):
+        self.state: np.ndarray | None = None
+
+    def __call__(self, batch: int, dim: int, rng: np.random.Generator) -> np.ndarray:
+        if self.state is None or self.state.shape != (batch, dim):
+            self.state = np.zeros((batch, dim))
+        self.state = self.state - self.THETA * self.state * self.DT + np.sqrt(self.DT) * rng.standard_normal(
+            (batch, dim))
+        return self.state.astype(np.float32)
+
+    def restart(self, rows: np.ndarray) -> None:
+        """Rows (a boolean mask or indices) whose episode ended start again from 0."""
+        if self.state is not None:
+            self.state[rows] = 0.0
 
 
 def sample_noise(kind: NoiseKind, dim: int, batch: int, rng: np.random.Generator) -> np.ndarray:

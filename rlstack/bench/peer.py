@@ -38,7 +38,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3 import DQN, PPO, SAC, TD3
-from stable_baselines3.common.noise import NormalActionNoise
+from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
@@ -86,9 +86,10 @@ kwargs = {k: schedule(v) if k in ("learning_rate", "clip_range") else v for k, v
 policy_kwargs = {"net_arch": spec["hidden"], "activation_fn": activation, **spec["policy_kwargs"]}
 if spec["encoder"] == "minatar_cnn":
     policy_kwargs["features_extractor_class"] = MinAtarCNN
-if spec["action_noise"] is not None:  # TD3's exploration: Gaussian noise of this std on the scaled action
-    dim = env.action_space.shape[-1]
-    kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), np.full(dim, spec["action_noise"]))
+if spec["action_noise"] is not None:  # TD3's exploration noise on the scaled action
+    dim, noise = env.action_space.shape[-1], spec["action_noise"]
+    noise_class = NormalActionNoise if noise["type"] == "normal" else OrnsteinUhlenbeckActionNoise
+    kwargs["action_noise"] = noise_class(np.zeros(dim), np.full(dim, noise["std"]))
 algo = {"ppo": PPO, "dqn": DQN, "sac": SAC, "td3": TD3}[spec["algo"]]
 model = algo(spec["policy"], env, seed=spec["seed"], device="cpu", verbose=0, policy_kwargs=policy_kwargs,
              tensorboard_log=spec["tensorboard"], **kwargs)
@@ -150,7 +151,7 @@ def sb3_spec(cfg, evaluate: bool = False, tensorboard: str | None = None) -> dic
         else:
             kwargs.update(tau=t.tau, policy_delay=t.policy_delay, target_policy_noise=t.target_policy_noise,
                           target_noise_clip=t.target_noise_clip)
-            action_noise = t.noise_std if t.noise_type == "normal" else None
+            action_noise = None if t.noise_type == "none" else {"type": t.noise_type, "std": t.noise_std}
     env = make_env(cfg.env.id, cfg.env.kwargs, imports=cfg.env.imports)
     encoder = resolve_encoder(cfg.net.encoder, env.observation_space)
     env.close()

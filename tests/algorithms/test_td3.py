@@ -10,6 +10,7 @@ from mindspore import Tensor, nn
 from rlstack.algorithms.td3 import TD3, smoothed_target_action
 from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import ConfigError, load_config
+from rlstack.network import NoiseKind, OUNoise
 from rlstack.registry import Progress
 from rlstack.replay import ReplayBuffer
 from tests.algorithms.test_sac import _mlp, _params
@@ -153,6 +154,26 @@ def test_exploration_noise_is_in_the_acting_graph_and_the_critics_are_not():
     np.testing.assert_array_equal(quiet_action, quiet(Tensor(obs), Tensor(np.zeros_like(noise)))[0].asnumpy())
 
 
+def test_ornstein_uhlenbeck_noise_follows_sb3s_process_and_restarts_at_episode_ends():
+    # SB3's OrnsteinUhlenbeckActionNoise(mean 0, sigma s): x <- x + theta (0 - x) dt + s sqrt(dt) N(0, 1),
+    # theta 0.15, dt 0.01; the process here is its sigma-1 version, which the graph scales by s.
+    algo = _td3("train.noise_type=ornstein-uhlenbeck", "train.noise_std=0.3")
+    assert algo.network.noise_kind == NoiseKind.ORNSTEIN_UHLENBECK
+    np.testing.assert_array_equal(algo.network.pi.noise_std.asnumpy(), np.full(2, 0.3, np.float32))
+    process, rng, reference_rng = OUNoise(), np.random.default_rng(4), np.random.default_rng(4)
+    x = np.zeros((3, 2))
+    for step in range(300):
+        got = process(3, 2, rng)
+        x = x + 0.15 * (0.0 - x) * 0.01 + 1.0 * np.sqrt(0.01) * reference_rng.normal(size=(3, 2))
+        np.testing.assert_allclose(got, x.astype(np.float32), rtol=1e-6, atol=1e-7)
+        if step == 150:
+            process.restart(np.array([True, False, False]))
+            x[0] = 0.0
+    # correlated: consecutive draws are close, unlike independent normal draws
+    a, b = process(3, 2, rng), process(3, 2, rng)
+    assert np.abs(b - a).max() < 0.5
+
+
 def test_the_exported_acting_graph_holds_the_actor_only(tmp_path):
     from rlstack.acting import load_policy
     from rlstack.trainer import Trainer
@@ -166,10 +187,16 @@ def test_the_exported_acting_graph_holds_the_actor_only(tmp_path):
     names = list(policy._params)
     assert names and all(".pi." in f".{n}" for n in names), names  # no critic, no target
     assert policy.manifest["value"] == "none" and policy.manifest["noise"] == {"kind": "normal", "dim": 1}
+    # with Ornstein-Uhlenbeck noise the manifest says so, and the acting module keeps the process
+    overrides.append("train.noise_type=ornstein-uhlenbeck")
+    trainer = Trainer(load_config(CONFIG, overrides), tmp_path / "ou")
+    trainer.train()
+    policy = load_policy(tmp_path / "ou" / "policy")
+    assert policy.manifest["noise"]["kind"] == "ornstein_uhlenbeck" and policy.noise_process is not None
 
 
 def test_config_errors_name_the_key_and_the_choices():
-    with pytest.raises(ConfigError, match="noise_type.*normal, none"):
+    with pytest.raises(ConfigError, match="noise_type.*normal, ornstein-uhlenbeck, none"):
         load_config(CONFIG, ["train.noise_type=ou-ish"])
     with pytest.raises(ConfigError, match="policy_delay"):
         load_config(CONFIG, ["train.policy_delay=0"])

@@ -43,7 +43,7 @@ def test_the_peer_gets_sac_and_td3_settings(config):
                                                                                                t.batch_size)
     if cfg.algo == "td3":
         assert (kwargs["policy_delay"], kwargs["target_policy_noise"], kwargs["target_noise_clip"]) == (2, 0.2, 0.5)
-        assert spec["action_noise"] == 0.3 and "target_update_interval" not in kwargs
+        assert spec["action_noise"] == {"type": "normal", "std": 0.3} and "target_update_interval" not in kwargs
         assert sb3_spec(load_config(config, ["train.noise_type=none"]))["action_noise"] is None
     else:
         assert kwargs["target_update_interval"] == 1 and spec["action_noise"] is None

@@ -28,7 +28,9 @@ RUNS = {
     # MuJoCo: stopped mid-episode (1,000 steps each), its simulation state and RNG in the checkpoint
     "sac_halfcheetah": ("sac_halfcheetah", 60, ["train.total_steps=400", "train.learning_starts=100",
                                                 "net.hidden=[32,32]"]),
-    "td3": ("td3_pendulum", 61, ["train.total_steps=400", "train.learning_starts=100", "net.hidden=[32,32]"]),
+    # TD3 with Ornstein-Uhlenbeck exploration: the process's state mid-episode is in the checkpoint
+    "td3": ("td3_pendulum", 61, ["train.total_steps=400", "train.learning_starts=100", "net.hidden=[32,32]",
+                                 "train.noise_type=ornstein-uhlenbeck"]),
     # a league: opponents are the run's own exported versions and the perfect sparring partner
     "tictactoe": ("ppo_tictactoe_selfplay", 5, ["train.total_steps=8192", "selfplay.eval_every=3",
                                                  "selfplay.eval_games=40", "env.eval_episodes=4"]),
