@@ -98,6 +98,9 @@ def test_the_collector_logs_whole_atari_games():
         def to_env(self, action):
             return action
 
+        def episodes_ended(self, done):
+            pass
+
     collector = Collector(envs, Uniform(), seed=0, off_policy=True)
     assert collector.game_episodes
     specs = trajectory_specs(600, 2, (4, 84, 84), (), "int64", off_policy=True, obs_dtype="uint8")
