@@ -18,7 +18,9 @@ Differences from SB3:
 - each gradient step is one compiled graph call: the critic step alone, or the critic step, the
   actor step and both target updates (two graphs, chosen on the host, no control flow);
 - the noise of the actor and of target smoothing is drawn on the host from the trainer's seeded
-  generator.
+  generator;
+- the layers start as every rlstack network's do (`net.ortho_init`: orthogonal, the actor's last
+  layer with gain 0.01), where SB3's TD3 keeps PyTorch's default initialisation.
 The acting graph computes only the actor: the critics are not in it (`act_value: False`).
 """
 
