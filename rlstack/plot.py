@@ -32,6 +32,9 @@ SB3_TAGS = {"rollout/ep_rew_mean": TRAIN_TAG, "eval/mean_reward": EVAL_TAG}
 """Stable-Baselines3's names of the same scalars (its Monitor's whole episodes, unclipped)."""
 PEER_SPEC = "spec.json"
 """What `bench peer` ran on the SB3 side, written beside its TensorBoard log."""
+PEER_RESULT = "result.json"
+"""What the SB3 side measured (`bench peer`): its final evaluation is the run's last evaluation
+point (SB3's `evaluate_policy` after `learn` writes no scalar)."""
 
 
 class PlotError(RlstackError, ValueError):
@@ -103,7 +106,7 @@ def load_run(path: str | Path) -> Run:
                         "Stable-Baselines3 run kept by `python -m rlstack.bench peer --keep`)")
     rows = [row for f in files for row in read_events(f)]
     if peer:
-        rows = [(SB3_TAGS.get(tag, tag), *rest) for tag, *rest in rows]
+        rows = [(SB3_TAGS.get(tag, tag), *rest) for tag, *rest in rows] + _peer_final_eval(path, rows)
     if not any(tag for tag, *_ in rows):
         raise PlotError(f"{path}: the event files hold no scalars yet")
     start = min(r[2] for r in rows)
@@ -125,6 +128,20 @@ def load_run(path: str | Path) -> Run:
     else:
         group = str(path.resolve())
     return Run(path, label, group, scalars)
+
+
+def _peer_final_eval(path: Path, rows: list[tuple[str, int, float, float]]) -> list[tuple[str, int, float, float]]:
+    """The SB3 side's final evaluation (`PEER_RESULT`) as an evaluation scalar at its last step and
+    time, if it was recorded."""
+    try:
+        result = json.loads((path / PEER_RESULT).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(result, dict) or "eval_mean_return" not in result or not rows:
+        return []
+    start = min(r[2] for r in rows)
+    return [(EVAL_TAG, int(result.get("steps", max(r[1] for r in rows))), start + float(result.get("seconds", 0.0)),
+             float(result["eval_mean_return"]))]
 
 
 def _peer_config(path: Path) -> dict | None:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlstack.plot import PEER_SPEC
+from rlstack.plot import PEER_RESULT, PEER_SPEC
 
 _STARTING_ENV = dict(os.environ)  # before anything imports MindSpore
 
@@ -244,6 +244,8 @@ def compare(name: str, cfg, sides: list[str], repeats: int, python: str | None, 
                 (base / "sb3" / tag).mkdir(parents=True, exist_ok=True)
                 (base / "sb3" / tag / PEER_SPEC).write_text(json.dumps(spec, indent=2))
             runs["sb3"].append({"load_average": os.getloadavg()[0], **run_sb3(python, spec)})
+            if keep is not None:  # its final evaluation, for the plot
+                (base / "sb3" / tag / PEER_RESULT).write_text(json.dumps(runs["sb3"][-1], indent=2))
     return _median_row(name, cfg, runs, evaluate)
 
 

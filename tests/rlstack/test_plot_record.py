@@ -64,6 +64,11 @@ def test_plot_draws_stable_baselines3_runs_beside_rlstack(runs, tmp_path):
     assert sb3.scalars[TRAIN_TAG].steps.tolist() == [128, 256, 384, 512]
     assert sb3.scalars[TRAIN_TAG].values.tolist() == [11.0, 12.0, 13.0, 14.0]
     assert sb3.label.startswith("SB3 ppo CartPole-v1 seed 0")
+    assert EVAL_TAG not in sb3.scalars  # no final evaluation recorded
+    # `bench peer` keeps what the SB3 side measured: its final evaluation is the last eval point
+    (peers[0] / "result.json").write_text(json.dumps({"steps": 512, "seconds": 9.5, "eval_mean_return": 42.0}))
+    evaluated = load_run(peers[0]).scalars[EVAL_TAG]
+    assert (evaluated.steps.tolist(), evaluated.values.tolist()) == ([512], [42.0])
     # SB3's seeds form a group of their own, apart from rlstack's
     groups = group_runs([load_run(r) for r in [*runs, *peers]]).values()
     assert sorted(sorted(r.path.name for r in g) for g in groups) == [["sb3_seed0", "sb3_seed1"], ["seed0", "seed1"]]
