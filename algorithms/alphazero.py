@@ -1,4 +1,5 @@
-"""AlphaZero (Silver et al. 2018, https://arxiv.org/abs/1712.01815) for the two-player games:
+"""AlphaZero (Silver et al. 2018, https://arxiv.org/abs/1712.01815) for two-player games (the
+built-in ones, OpenSpiel's, your own: rlstack/envs/state_games.py):
 self-play by Monte Carlo tree search, a network trained on the search's move distributions and
 the games' outcomes.
 
@@ -32,7 +33,7 @@ from rlstack import registry
 from rlstack.buffers import pack_columns
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
-from rlstack.envs.games import ENV_IDS, game_spec
+from rlstack.envs.games import ENV_IDS, GAME_ENV_ID, env_game, game_spec
 from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
 from rlstack.kernels import column, columns
 from rlstack.network import NetSpec, Network, PolicyKind
@@ -70,16 +71,23 @@ class AlphaZeroConfig(TrainConfig):
     augment: bool = True
     """Train on each sampled position in a random symmetry of the board, its policy target
     moved with it (Connect Four's mirror image, tic-tac-toe's 8 rotations and reflections), as
-    AlphaGo Zero did: the rules are symmetric, so every position is worth 2 (8) positions."""
+    AlphaGo Zero did: the rules are symmetric, so every position is worth 2 (8) positions. Games
+    that declare no symmetries (`Game.symmetries()` None, e.g. OpenSpiel's) are trained on as played."""
     weight_decay: float = 0.0
     """L2 regularisation (Adam's weight decay). Off by default: it adds two kernels per
     parameter to the update graph, which crosses the 100-kernel line with a [64, 64] network
     (docs/PERFORMANCE.md#the-100-kernel-line)."""
 
     def validate(self, cfg: Config) -> None:
-        if cfg.env.id not in ENV_IDS:
-            raise ConfigError(f"algo alphazero plays the two-player games: env.id must be one of "
-                              f"{', '.join(ENV_IDS)}, got '{cfg.env.id}'")
+        if env_game(cfg.env.id, cfg.env.kwargs) is None:
+            raise ConfigError(f"algo alphazero plays two-player games: env.id must be one of "
+                              f"{', '.join([*ENV_IDS, GAME_ENV_ID])} (the last with env.kwargs.game, e.g. "
+                              f"openspiel:othello), got '{cfg.env.id}'" + (" without env.kwargs.game"
+                                                                           if cfg.env.id == GAME_ENV_ID else ""))
+        try:
+            game_spec(env_game(cfg.env.id, cfg.env.kwargs))
+        except ValueError as err:
+            raise ConfigError(f"env.kwargs.game: {err}") from None
         if cfg.actors:
             raise ConfigError("algo alphazero plays its self-play games by search in the learner's process; "
                               f"set actors: 0 (got {cfg.actors})")
@@ -204,7 +212,7 @@ class AlphaZero(registry.Algorithm):
     def __init__(self, cfg: Config, obs_space: gym.Space, action_space: gym.Space):
         self.cfg: AlphaZeroConfig = cfg.train
         self.seed = cfg.seed
-        self.spec = game_spec(ENV_IDS[cfg.env.id])
+        self.spec = game_spec(env_game(cfg.env.id, cfg.env.kwargs))
         self.network = Network(obs_space, action_space, NetSpec.of(cfg.net, policy=PolicyKind.CATEGORICAL,
                                                                    value=True))
         if not self.network.masked:

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 
-from rlstack.errors import RlstackError
+from rlstack.errors import IllegalMoveError  # noqa: F401 (raised here; imported from here too)
 from rlstack.spaces import MASK_KEY, OBS_KEY, MaskedBox
-
-
-class IllegalMoveError(RlstackError, ValueError):
-    """A move that the rules do not allow (occupied cell, full column, finished game, out of range)."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +65,64 @@ class GameSpec:
         """The float32 vector `[planes.ravel(), mask]` the network and exported graph take."""
         return MaskedBox(self.observation_space())
 
+    def positions(self, n: int) -> Boards:
+        """N games side by side at their opening position."""
+        return Boards(self, n)
+
     def symmetries(self) -> tuple[np.ndarray, np.ndarray]:
         """The board's symmetries as permutations of the flat observation [K, 2 n_cells + n] and
         of the moves [K, n], the identity first: the transformed position's entry j is the
         original's entry `perm[j]`. Connect Four has its mirror image (gravity rules out the
         rest), tic-tac-toe the 8 rotations and reflections of the square."""
         return _symmetries(self)
+
+
+class Positions(Protocol):
+    """N positions of a game side by side: what the search (rlstack/search.py), the self-play envs
+    and the evaluation matches use. `Boards` is the built-in games'; `StatePositions`
+    (rlstack/envs/state_games.py) holds one state object per game (OpenSpiel's, or your own).
+
+    Arrays [n]: `over`, `winner` (-1: none yet, or a draw once over; else 0 or 1), `to_move`
+    (0 or 1; the players alternate), `n_moves`. Optional: `threats(idx)` (moves that win at once,
+    for the player to move and for the opponent), which the search uses where a game has it.
+    """
+
+    spec: Game
+    n: int
+    over: np.ndarray
+    winner: np.ndarray
+    to_move: np.ndarray
+    n_moves: np.ndarray
+
+    def take(self, idx: Any) -> Positions: ...
+
+    def reset(self, idx: Any = None) -> None: ...
+
+    def legal_mask(self, idx: Any = None) -> np.ndarray: ...
+
+    def play(self, actions: Any, idx: Any = None) -> None: ...
+
+    def flat_obs(self, idx: Any = None, player: Any = None) -> np.ndarray: ...
+
+    def result_for(self, player: Any, idx: Any = None) -> np.ndarray: ...
+
+    def render(self, game: int = 0) -> str: ...
+
+
+class Game(Protocol):
+    """A two-player game's rules as search and self-play see them (`GameSpec`, `StateGame`)."""
+
+    name: str
+    n_actions: int
+    move_word: str
+
+    def observation_space(self) -> gym.spaces.Dict: ...
+
+    def flat_space(self) -> MaskedBox: ...
+
+    def positions(self, n: int) -> Positions: ...
+
+    def symmetries(self) -> tuple[np.ndarray, np.ndarray] | None: ...
 
 
 TICTACTOE = GameSpec("tictactoe", rows=3, cols=3, connect=3, gravity=False)
@@ -83,13 +132,25 @@ _ALIASES = {"tic_tac_toe": "tictactoe", "tic-tac-toe": "tictactoe", "ttt": "tict
             "connect_four": "connect4", "connect-four": "connect4", "connectfour": "connect4"}
 
 
-def game_spec(name: str | GameSpec) -> GameSpec:
-    """`tictactoe` or `connect4` (a few spellings accepted) -> its GameSpec."""
-    if isinstance(name, GameSpec):
+def game_spec(name: Any) -> Game:
+    """A game from its name: `tictactoe` or `connect4` (a few spellings accepted: their GameSpec),
+    `openspiel:<name>(<params>)` (an OpenSpiel game), `module:attribute` (your own: a `Game`, or
+    a callable returning one); a `Game` object is returned as it is."""
+    if hasattr(name, "positions"):
         return name
-    key = _ALIASES.get(str(name).lower(), str(name).lower())
+    text = str(name)
+    if text.startswith("openspiel:"):
+        from rlstack.envs.state_games import openspiel_game
+
+        return openspiel_game(text.removeprefix("openspiel:"))
+    if ":" in text:
+        from rlstack.envs.state_games import imported_game
+
+        return imported_game(text)
+    key = _ALIASES.get(text.lower(), text.lower())
     if key not in GAMES:
-        raise ValueError(f"unknown game '{name}'; expected one of: {', '.join(GAMES)}")
+        raise ValueError(f"unknown game '{name}'; expected one of: {', '.join(GAMES)}, openspiel:<name>(<params>) "
+                         "or module:attribute")
     return GAMES[key]
 
 
@@ -380,6 +441,15 @@ class ConnectFour(TwoPlayerGame):
 
 ENV_IDS = {"rlstack/TicTacToe-v0": "tictactoe", "rlstack/ConnectFour-v0": "connect4"}
 """Gymnasium ids of the single-agent self-play view of each game (see rlstack/envs/selfplay.py)."""
+GAME_ENV_ID = "rlstack/Game-v0"
+"""The self-play view of any game, named by `env.kwargs.game` (a `game_spec` name)."""
+
+
+def env_game(env_id: str, kwargs: dict[str, Any] | None = None) -> str | None:
+    """The game an env id (and its kwargs) plays, or None if it is not a self-play game env."""
+    if env_id == GAME_ENV_ID:
+        return (kwargs or {}).get("game")
+    return ENV_IDS.get(env_id)
 
 
 def register_games() -> None:
@@ -388,7 +458,8 @@ def register_games() -> None:
     `gym.make(id)` gives one game against `opponent` (default: uniform random); `gym.make_vec(id, n)`
     gives the batched vector env whose opponent moves are one graph call per step per version.
     """
-    for env_id, game in ENV_IDS.items():
+    for env_id, game in [*ENV_IDS.items(), (GAME_ENV_ID, None)]:
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point="rlstack.envs.selfplay:SelfPlayEnv",
-                         vector_entry_point="rlstack.envs.selfplay:SelfPlayVectorEnv", kwargs={"game": game})
+                         vector_entry_point="rlstack.envs.selfplay:SelfPlayVectorEnv",
+                         kwargs={} if game is None else {"game": game})

@@ -36,7 +36,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from rlstack.envs.games import Boards, GameSpec, game_spec
+from rlstack.envs.games import Game, GameSpec, Positions, game_spec
 from rlstack.envs.minimax import Minimax
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ SEATS = ("random", "first", "second")
 
 
 class Player(Protocol):
-    """Anything that picks moves for a batch of positions."""
+    """Anything that picks moves for a batch of positions. A player that needs the positions
+    themselves, not their observations (a search), has `act_positions(positions, rng)` besides;
+    `moves` calls whichever it has."""
 
     name: str
 
@@ -56,12 +58,21 @@ class Player(Protocol):
         ...
 
 
+def moves(player: Player, positions: Positions, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`player`'s moves [len(idx)] in games `idx` of `positions`."""
+    if hasattr(player, "act_positions"):
+        chosen = player.act_positions(positions.take(idx), rng)
+    else:
+        chosen = player.act(positions.flat_obs(idx), rng)
+    return np.asarray(chosen).reshape(-1)
+
+
 class RandomPlayer:
     """Uniform over the legal moves."""
 
-    def __init__(self, spec: GameSpec):
+    def __init__(self, spec: Game, name: str = "random"):
         self.spec = spec
-        self.name = "random"
+        self.name = name
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         mask = np.asarray(obs)[:, -self.spec.n_actions:] > 0.5
@@ -102,17 +113,19 @@ class PolicyPlayer:
         return self.acting.run(obs, noise, rows=rows).action.astype(np.int64)
 
 
-def load_player(path: str | Path, spec: GameSpec, sample: bool = True) -> PolicyPlayer:
+def load_player(path: str | Path, spec: Game, sample: bool = True) -> PolicyPlayer:
     """A run dir, `policy/` dir or version dir -> its policy as a player (checked against `spec`)."""
     from rlstack.acting import load_policy  # MindSpore loads only when a policy is needed
 
     return PolicyPlayer(load_policy(path, obs_shape=spec.flat_space().shape), sample)
 
 
-def make_player(spec: GameSpec, what: str, seed: int | None = None, sample: bool = True) -> Player:
+def make_player(spec: Game, what: str, seed: int | None = None, sample: bool = True) -> Player:
     """`random`, `minimax` / `minimax:D` (depth D, default 2), `perfect`, or a policy path."""
     if what == "random":
         return RandomPlayer(spec)
+    if not isinstance(spec, GameSpec) and (what == "perfect" or what.startswith("minimax")):
+        raise ValueError(f"opponent '{what}': minimax plays the built-in k-in-a-row games only, not {spec.name}")
     if what == "perfect":
         return Minimax(spec, spec.n_cells, seed)
     if what.startswith("minimax"):
@@ -171,7 +184,7 @@ class OpponentPool:
     so a version stays playable after `train.keep_versions` removed it from disk.
     """
 
-    def __init__(self, spec: GameSpec, policy_dir: str | Path | None = None,
+    def __init__(self, spec: Game, policy_dir: str | Path | None = None,
                  settings: PoolSettings | None = None, fixed: Player | None = None):
         self.spec = spec
         self.policy_dir = Path(policy_dir) if policy_dir is not None else None
@@ -188,7 +201,7 @@ class OpponentPool:
         self.sparring: list[Player] = [make_player(spec, what) for what in self.settings.sparring]
 
     @classmethod
-    def of(cls, spec: GameSpec, player: Player) -> OpponentPool:
+    def of(cls, spec: Game, player: Player) -> OpponentPool:
         """A pool that always draws `player`."""
         return cls(spec, fixed=player)
 
@@ -351,7 +364,7 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
 
     def __init__(self, num_envs: int, game: str = "connect4", opponent: str = "random",
                  seat: str = "random", opponent_sample: bool = True):
-        self.game: GameSpec = game_spec(game)  # not `spec`: gymnasium sets env.spec to its EnvSpec
+        self.game: Game = game_spec(game)  # not `spec`: gymnasium sets env.spec to its EnvSpec
         _check_seat(seat)
         self.num_envs = num_envs
         self.seat = seat
@@ -360,12 +373,12 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.pool = OpponentPool.of(self.game, make_player(self.game, opponent, sample=opponent_sample))
-        self.boards = Boards(self.game, num_envs)
+        self.boards = self.game.positions(num_envs)
         self.learner_seat = np.zeros(num_envs, np.int64)
         self.opponent: list[Player] = [self.pool.members[0]] * num_envs
         self.rng = np.random.default_rng()
-        empty = Boards(self.game, 1)
-        self._empty_obs = empty.flat_obs()  # the opening position, identical in every game
+        self._empty = self.game.positions(1)  # the opening position, identical in every game
+        self._empty_obs = self._empty.flat_obs()
         self._openings: dict[str, list[int]] = {}
         self._random = RandomPlayer(self.game)
         self.opponent_calls = 0
@@ -472,6 +485,13 @@ class SelfPlayVectorEnv(gym.vector.VectorEnv):
         """Moves for `games`, plus opening moves topping the player's stock up, in one call."""
         stock = self._openings.setdefault(player.name, [])
         refill = max(self.num_envs, min_stock) - len(stock)
+        if hasattr(player, "act_positions"):  # a search: its moves from the positions, its openings too
+            if len(games):
+                self.boards.play(moves(player, self.boards, games, self.rng), games)
+            if refill > 0:
+                stock.extend(int(a) for a in moves(player, self._empty, np.zeros(refill, np.int64), self.rng))
+            self.opponent_calls += 1
+            return
         rows = self.boards.flat_obs(games)
         if refill > 0:
             rows = np.concatenate([rows, np.repeat(self._empty_obs, refill, 0)])
@@ -507,7 +527,7 @@ class SelfPlayEnv(gym.Env):
         self.observation_space = self.game.flat_space()
         self.action_space = gym.spaces.Discrete(self.game.n_actions)
         self.pool = OpponentPool.of(self.game, make_player(self.game, opponent, sample=opponent_sample))
-        self.boards = Boards(self.game, 1)
+        self.boards = self.game.positions(1)
         self.learner_seat = 0
         self.opponent: Player = self.pool.members[0]
 
@@ -527,7 +547,7 @@ class SelfPlayEnv(gym.Env):
         return self.boards.flat_obs()[0], {"learner_seat": self.learner_seat, "opponent": self.opponent.name}
 
     def _opponent_move(self) -> None:
-        self.boards.play(np.asarray(self.opponent.act(self.boards.flat_obs(), self.np_random)).reshape(1))
+        self.boards.play(moves(self.opponent, self.boards, np.zeros(1, np.int64), self.np_random))
 
     def step(self, action: int):
         b = self.boards

@@ -258,7 +258,10 @@ class SelfPlayConfig:
     eval_games: int = 100
     """Games per evaluation match, seats alternating; the agent plays its argmax move."""
     minimax_depth: int = 2
-    """Depth of the minimax evaluation opponent (>= 9 is perfect play on tic-tac-toe)."""
+    """Depth of the minimax evaluation opponent of the built-in games (>= 9 is perfect play on tic-tac-toe)."""
+    mcts_simulations: int = 100
+    """Simulations per move of the evaluation opponent of OpenSpiel's games: OpenSpiel's `MCTSBot`
+    (UCT with random rollouts), the reference opponent of OpenSpiel's own AlphaZero results."""
     elo_snapshots: int = 3
     """Latest exported versions in the Elo table (with random, minimax and the current agent)."""
     elo_games: int = 20

@@ -7,3 +7,7 @@ from __future__ import annotations
 
 class RlstackError(Exception):
     """An error whose message says what is wrong and how to go on; no traceback needed."""
+
+
+class IllegalMoveError(RlstackError, ValueError):
+    """A move that a game's rules do not allow (occupied cell, full column, finished game, out of range)."""

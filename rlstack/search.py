@@ -1,11 +1,13 @@
-"""Monte Carlo tree search for the two-player games, batched over many games, its leaves evaluated
+"""Monte Carlo tree search for two-player games, batched over many games, its leaves evaluated
 by the exported acting graph: the search learner's self-play (`algorithms/alphazero.py`), search
 at play time (`SearchPlayer`: `rlstack.play --search N`, `selfplay.eval_search`).
 
 AlphaZero's PUCT search (Silver et al. 2018): every simulation descends each game's tree by
 argmax Q + c_puct P sqrt(N) / (1 + N_a), expands one leaf, evaluates it and backs the value up.
 All games descend side by side; the tree arithmetic is numpy over the games, and the leaves of
-every game are evaluated by **one graph call per simulation** (`policy_value`).
+every game are evaluated by **one graph call per simulation** (`policy_value`). Any game with the
+`Positions` interface (rlstack/envs/games.py) can be searched: the built-in boards, OpenSpiel's
+games and your own (rlstack/envs/state_games.py).
 
 What differs from the paper, and why:
 - The prior over moves comes from the same exported graph the actors run, `act(obs, noise) ->
@@ -13,8 +15,8 @@ What differs from the paper, and why:
   Gumbel noise that forces that move (`FORCE` on its column), so the rows' `logp` are the log
   prior of every move and `value` is V(s). One call of leaves x moves rows; the graph, its
   legal-move mask and its value head are exactly what training exported.
-- A leaf where the player to move can complete a line at once is valued +1 (exact) instead of
-  by the value head: a win in one is never missed and a loss in one is seen one ply earlier,
+- A leaf where the player to move can complete a line at once (games whose positions have
+  `threats`: the built-in k-in-a-row games) is valued +1 (exact) instead of by the value head: a win in one is never missed and a loss in one is seen one ply earlier,
   which with few simulations is what makes the search block it.
 - Visit counts are the policy target (the original's choice): with tic-tac-toe and Connect Four
   a few dozen simulations per move cover the branching factor (<= 9), and a target of visits
@@ -32,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rlstack.envs.games import Boards, GameSpec, boards_from_planes
+from rlstack.envs.games import Game, GameSpec, Positions, boards_from_planes
 
 FORCE = 1e10
 """Noise on one move's logit that makes the graph's Gumbel-max pick it (legal logits are O(10),
@@ -96,7 +98,7 @@ class SearchResult(NamedTuple):
     calls: int  # graph calls made (root expansion plus one per simulation with a leaf to evaluate)
 
 
-def search(boards: Boards, evaluate: Evaluator, settings: SearchSettings,
+def search(boards: Positions, evaluate: Evaluator, settings: SearchSettings,
            rng: np.random.Generator | None = None) -> SearchResult:
     """Run `settings.simulations` simulations from every game of `boards` (none may be over).
 
@@ -153,20 +155,22 @@ def search(boards: Boards, evaluate: Evaluator, settings: SearchSettings,
             active[idx[stop]] = False
             node[idx[~stop]] = nxt[~stop]
 
-        # Leaf values for the player to move there: a finished game is a loss for them (the last
-        # mover completed a line) or a draw; a win in one is +1; without one, facing two or more
-        # winning moves of the opponent is -1 (a block stops one, the opponent plays another);
-        # otherwise the value head.
+        # Leaf values for the player to move there: a finished game's result for them; where the
+        # game has `threats`, a win in one is +1 and, without one, facing two or more winning
+        # moves of the opponent is -1 (a block stops one, the opponent plays another); otherwise
+        # the value head.
         value = np.zeros(g)
-        ended = leaf.over
-        value[ended] = np.where(leaf.winner[ended] >= 0, -1.0, 0.0)
-        fresh = np.flatnonzero(~ended)
+        ended = np.flatnonzero(leaf.over)
+        value[ended] = leaf.result_for(leaf.to_move[ended], ended)
+        fresh = np.flatnonzero(~leaf.over)
         if len(fresh):
             leaf_prior, leaf_value = evaluate(leaf.flat_obs(fresh))
             calls += 1
-            mine, theirs = leaf.threats(fresh)
-            wins, lost = mine.any(1), theirs.sum(1) >= 2
-            value[fresh] = np.where(wins, 1.0, np.where(lost, -1.0, leaf_value))
+            if hasattr(leaf, "threats"):
+                mine, theirs = leaf.threats(fresh)
+                wins, lost = mine.any(1), theirs.sum(1) >= 2
+                leaf_value = np.where(wins, 1.0, np.where(lost, -1.0, leaf_value))
+            value[fresh] = leaf_value
             last = depth[fresh] - 1
             parent, edge = np.stack(path_node)[last, fresh], np.stack(path_action)[last, fresh]
             new = used[fresh]
@@ -203,10 +207,11 @@ def choose(result: SearchResult, rng: np.random.Generator, sample: np.ndarray | 
 
 
 class SearchPlayer:
-    """A policy graph with search as a player (`rlstack.envs.selfplay.Player`): positions from
-    their flat observations, the most visited move after `simulations` simulations."""
+    """A policy graph with search as a player (`rlstack.envs.selfplay.Player`): the most visited
+    move after `simulations` simulations from each position (`act_positions`; `act` rebuilds the
+    built-in games' positions from their flat observations)."""
 
-    def __init__(self, acting: Any, spec: GameSpec, simulations: int, c_puct: float = 1.5,
+    def __init__(self, acting: Any, spec: Game, simulations: int, c_puct: float = 1.5,
                  name: str | None = None):
         self.acting, self.spec = acting, spec
         self.settings = SearchSettings(simulations=simulations, c_puct=c_puct)
@@ -214,9 +219,13 @@ class SearchPlayer:
         self.calls = 0
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if not isinstance(self.spec, GameSpec):
+            raise ValueError(f"{self.spec.name}: a search plays from positions (act_positions), not observations")
         obs = np.asarray(obs, np.float32)
-        boards = boards_from_planes(self.spec, obs[:, :2 * self.spec.n_cells])
-        result = search(boards, acting_evaluator(self.acting), self.settings)
+        return self.act_positions(boards_from_planes(self.spec, obs[:, :2 * self.spec.n_cells]), rng)
+
+    def act_positions(self, positions: Positions, rng: np.random.Generator) -> np.ndarray:
+        result = search(positions, acting_evaluator(self.acting), self.settings)
         self.calls += result.calls
         return choose(result, rng)
 
@@ -228,7 +237,7 @@ class GameRecord(NamedTuple):
     action: np.ndarray  # [P] int32 the move played
     policy: np.ndarray  # [P, n_actions] float32 the search's visit distribution (the policy target)
     value: np.ndarray  # [P] float32 the search's root value
-    reward: np.ndarray  # [P] float32 +1 where the move won the game, else 0
+    reward: np.ndarray  # [P] float32 the game's result for its last mover on its last move, else 0
     terminated: np.ndarray  # [P] bool the game's last move
     first_player_results: np.ndarray  # [games] +1 / 0 / -1 for the player who moved first
     lengths: np.ndarray  # [games] moves per game
@@ -239,13 +248,13 @@ class SelfPlayGames:
     `play(n)` plays until at least `n` games finished and returns their positions (a finished
     game restarts at once)."""
 
-    def __init__(self, spec: GameSpec, evaluate: Evaluator, settings: SearchSettings, games: int,
+    def __init__(self, spec: Game, evaluate: Evaluator, settings: SearchSettings, games: int,
                  temperature_moves: int, rng: np.random.Generator):
         if games < 1:
             raise ValueError(f"self-play needs at least one game, got {games}")
         self.spec, self.evaluate, self.settings, self.rng = spec, evaluate, settings, rng
         self.temperature_moves = temperature_moves
-        self.boards = Boards(spec, games)
+        self.boards = spec.positions(games)
         self.history: list[list[tuple]] = [[] for _ in range(games)]
         self.calls = 0
         """Graph calls made by the searches."""
@@ -255,7 +264,7 @@ class SelfPlayGames:
         self.game_seconds = 0.0
 
     def play(self, n: int) -> GameRecord:
-        done: list[tuple[list[tuple], float]] = []
+        done: list[tuple[list[tuple], float, float]] = []
         while len(done) < n:
             start = time.perf_counter()
             result = search(self.boards, self.evaluate, self.settings, self.rng)
@@ -264,17 +273,18 @@ class SelfPlayGames:
             start = time.perf_counter()
             boards = self.boards
             moves = choose(result, self.rng, boards.n_moves < self.temperature_moves)
-            obs = boards.flat_obs()
+            obs, mover = boards.flat_obs(), boards.to_move.copy()
             for i in range(boards.n):
                 self.history[i].append((obs[i], moves[i], result.policy[i], result.value[i]))
             boards.play(moves)
             for i in np.flatnonzero(boards.over):
-                done.append((self.history[i], float(boards.result_for(0, [i])[0])))
+                done.append((self.history[i], float(boards.result_for(0, [i])[0]),
+                             float(boards.result_for(mover[i], [i])[0])))
                 self.history[i] = []
             boards.reset(np.flatnonzero(boards.over))
             self.game_seconds += time.perf_counter() - start
         self.finished += len(done)
-        self.positions += sum(len(moves) for moves, _ in done)
+        self.positions += sum(len(game[0]) for game in done)
         return _record(self.spec, done)
 
     def stats(self) -> dict[str, float]:
@@ -286,9 +296,10 @@ class SelfPlayGames:
                 "graph_calls_per_second": self.calls / max(self.search_seconds, 1e-9)}
 
 
-def _record(spec: GameSpec, games: list[tuple[list[tuple], float]]) -> GameRecord:
+def _record(spec: Game, games: list[tuple[list[tuple], float, float]]) -> GameRecord:
+    """Games as (moves, first player's result, last mover's result) -> their positions."""
     obs, action, policy, value, reward, terminated, results, lengths = ([] for _ in range(8))
-    for moves, first in games:
+    for moves, first, last_mover in games:
         k = len(moves)
         for t, (o, m, p, v) in enumerate(moves):
             obs.append(o)
@@ -297,7 +308,7 @@ def _record(spec: GameSpec, games: list[tuple[list[tuple], float]]) -> GameRecor
             value.append(v)
             last = t == k - 1
             terminated.append(last)
-            reward.append(1.0 if last and first != 0 else 0.0)
+            reward.append(last_mover if last else 0.0)
         results.append(first)
         lengths.append(k)
     return GameRecord(np.asarray(obs, np.float32), np.asarray(action, np.int32), np.asarray(policy, np.float32),
@@ -308,8 +319,8 @@ def _record(spec: GameSpec, games: list[tuple[list[tuple], float]]) -> GameRecor
 
 def outcome_targets(reward: np.ndarray, terminated: np.ndarray) -> np.ndarray:
     """Each position's game result for its player to move [P] float32, from positions of whole
-    games in order (`reward` +1 where a move won, `terminated` at each game's last move): the
-    last mover's reward, negated at every ply back (the players alternate)."""
+    games in order (`reward`: the result for the last mover on each game's last move, `terminated`
+    there): the last mover's result, negated at every ply back (the players alternate)."""
     reward, terminated = np.asarray(reward, np.float32), np.asarray(terminated, bool)
     ends = np.flatnonzero(terminated)
     if len(ends) == 0 or ends[-1] != len(reward) - 1:

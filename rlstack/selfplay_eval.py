@@ -6,16 +6,18 @@ gives the vector env its `OpponentPool` of exported versions, refreshes the pool
 update, and every `selfplay.eval_every` updates (and at the end) evaluates the agent being
 trained (its in-process acting graph):
 
-- W/D/L against the uniform random player and against minimax of `selfplay.minimax_depth`
-  (the agent plays its argmax move; the opponents break ties at random, so games differ);
+- W/D/L against the uniform random player and against the reference opponent: minimax of
+  `selfplay.minimax_depth` on the built-in games, OpenSpiel's `MCTSBot` of
+  `selfplay.mcts_simulations` on OpenSpiel's (the agent plays its argmax move; the opponents
+  break ties at random, so games differ);
 - on tic-tac-toe with perfect minimax, W/D/L over *every* line of perfect play (`every_perfect_line`)
   and over every line of every legal reply (`every_reply_line`): exact where sampled games are
   not (an agent that lost 0 of 200 sampled games was seen to lose 1 of 200 in the next
   evaluation);
 - an Elo table (Bradley-Terry fit, 400-point logistic scale, random player anchored at 0) of
-  random, minimax, the last `selfplay.elo_snapshots` exported versions and the current agent, from
+  random, the reference opponent, the last `selfplay.elo_snapshots` exported versions and the current agent, from
   a round robin in which every player samples its moves. Results of pairs that cannot change
-  (random, minimax, saved snapshots) are cached, only the current agent's games are replayed.
+  (random, the reference, saved snapshots) are cached, only the current agent's games are replayed.
 
 Scalars go to TensorBoard under `eval/…`, every evaluation to `<run>/selfplay/eval.json`, and the
 last one plus the history to `summary.json` under `selfplay/…`.
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlstack.config import Config, ConfigError
-from rlstack.envs.games import Boards, GameSpec
+from rlstack.envs.games import Boards, Game, GameSpec
 from rlstack.envs.minimax import Minimax, planes_to_bits
 from rlstack.envs.selfplay import (
     OpponentPool,
@@ -42,6 +44,7 @@ from rlstack.envs.selfplay import (
     RandomPlayer,
     SelfPlayVectorEnv,
     load_player,
+    moves,
 )
 from rlstack.fsutil import atomic_write_text
 from rlstack.search import SearchPlayer
@@ -80,17 +83,17 @@ class MatchResult:
                 "score": self.score}
 
 
-def play_match(spec: GameSpec, a: Player, b: Player, games: int, rng: np.random.Generator) -> MatchResult:
+def play_match(spec: Game, a: Player, b: Player, games: int, rng: np.random.Generator) -> MatchResult:
     """`games` games of A against B side by side; A moves first in the even-numbered games."""
     if games < 1:
         raise ValueError(f"a match needs at least one game, got {games}")
-    boards = Boards(spec, games)
+    boards = spec.positions(games)
     seat_a = np.arange(games) % 2
     while not boards.over.all():
         for player, seat in ((a, seat_a), (b, 1 - seat_a)):
             idx = np.flatnonzero(~boards.over & (boards.to_move == seat))
             if len(idx):
-                boards.play(np.asarray(player.act(boards.flat_obs(idx), rng)).reshape(-1), idx)
+                boards.play(moves(player, boards, idx, rng), idx)
     result = boards.result_for(seat_a)
     return MatchResult(int((result > 0).sum()), int((result == 0).sum()), int((result < 0).sum()))
 
@@ -183,10 +186,10 @@ class SelfPlayHook:
         (`train.keep_best`) is told every evaluation and says whether it was the best so far."""
         cfg = config.selfplay
         self.cfg = cfg
-        self.spec: GameSpec = envs.game
+        self.spec: Game = envs.game
         self.out = out_dir / "selfplay"
         self.policy_dir, self.log, self.agent, self.keep_best = policy_dir, log, agent, keep_best
-        for key in ("eval_games", "minimax_depth", "elo_games"):
+        for key in ("eval_games", "minimax_depth", "mcts_simulations", "elo_games"):
             if getattr(cfg, key) < 1:
                 raise ConfigError(f"'selfplay.{key}' must be >= 1, got {getattr(cfg, key)}")
         if cfg.eval_search < 0:
@@ -207,9 +210,10 @@ class SelfPlayHook:
             envs.set_pool(self.pool)
         self.rng = np.random.default_rng(config.seed + 20_000)
         self.random = RandomPlayer(self.spec)
-        self.minimax = Minimax(self.spec, cfg.minimax_depth, seed=config.seed + 30_000)
+        self.reference = reference_opponent(self.spec, config)
         # Perfect minimax on a small board: also play every line of perfect play (exact).
-        self.exhaustive = cfg.minimax_depth >= self.spec.n_cells and self.spec.n_cells <= EXHAUSTIVE_MAX_CELLS
+        self.exhaustive = (isinstance(self.spec, GameSpec) and cfg.minimax_depth >= self.spec.n_cells
+                           and self.spec.n_cells <= EXHAUSTIVE_MAX_CELLS)
         self._pairs: dict[tuple[str, str], MatchResult] = {}
         self._snapshots: dict[str, Player] = {}
         self.history: list[dict[str, Any]] = []
@@ -223,7 +227,7 @@ class SelfPlayHook:
     def save(self, path: Path) -> None:
         path.write_text(json.dumps({"pool": self.pool.state(), "history": self.history,
                                     "rng": self.rng.bit_generator.state,
-                                    "minimax_rng": self.minimax.rng.bit_generator.state,
+                                    "minimax_rng": _rng_state(self.reference),
                                     "pairs": [[a, b, r.wins, r.draws, r.losses] for (a, b), r in self._pairs.items()]}))
 
     def load(self, path: Path) -> None:
@@ -232,7 +236,8 @@ class SelfPlayHook:
         self.history = list(state.get("history", []))
         if "rng" in state:  # the evaluation games go on as in a run that was not stopped
             self.rng.bit_generator.state = state["rng"]
-            self.minimax.rng.bit_generator.state = state["minimax_rng"]
+            if state["minimax_rng"] is not None:
+                self.reference.rng.bit_generator.state = state["minimax_rng"]
             self._pairs = {(a, b): MatchResult(w, d, loss) for a, b, w, d, loss in state["pairs"]}
         self.pool.refresh()
 
@@ -255,11 +260,11 @@ class SelfPlayHook:
         cfg, rng = self.cfg, self.rng
         agent = PolicyPlayer(self.agent(), sample=False, name=CURRENT)
         record: dict[str, Any] = {"steps": c.steps, "updates": c.updates}
-        for opponent in (self.random, self.minimax):
+        for opponent in (self.random, self.reference):
             result = play_match(self.spec, agent, opponent, cfg.eval_games, rng)
             record[f"vs_{opponent.name}"] = result.as_dict()
         if self.exhaustive:
-            record["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
+            record["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.reference, rng).as_dict()
             record["vs_every_line"] = every_reply_line(self.spec, agent, rng).as_dict()
         if cfg.eval_search:
             record["search"] = self._matches(SearchPlayer(agent.acting, self.spec, cfg.eval_search, name=CURRENT))
@@ -270,14 +275,14 @@ class SelfPlayHook:
         self.history.append(record)
         self.last_eval_update = c.updates
         scalars: dict[str, float] = {}
-        for key in (f"vs_{self.random.name}", f"vs_{self.minimax.name}"):
+        for key in (f"vs_{self.random.name}", f"vs_{self.reference.name}"):
             for stat in ("win_rate", "draw_rate", "loss_rate"):
                 scalars[f"eval/{key}/{stat}"] = record[key][stat]
         for name, result in vs_snapshots.items():
             scalars[f"eval/vs_snapshot/{name}/score"] = result["score"]
         for name, rating in elo.items():
             scalars[f"eval/elo/{name}"] = rating
-        r, m = record[f"vs_{self.random.name}"], record[f"vs_{self.minimax.name}"]
+        r, m = record[f"vs_{self.random.name}"], record[f"vs_{self.reference.name}"]
         lines, every = record.get("vs_every_perfect_line"), record.get("vs_every_line")
         text = ""
         if lines is not None:
@@ -303,7 +308,7 @@ class SelfPlayHook:
         losses, wins = _rank(record, m, r)
         score = (m["wins"] - m["losses"]) / m["games"]
         if searched is not None:
-            sm = searched[f"vs_{self.minimax.name}"]
+            sm = searched[f"vs_{self.reference.name}"]
             search_losses, search_wins = _rank(searched, sm, searched[f"vs_{self.random.name}"])
             losses, wins = search_losses + losses, search_wins + wins
             score = (sm["wins"] - sm["losses"]) / sm["games"]
@@ -312,7 +317,7 @@ class SelfPlayHook:
             text += " (best so far)"
         self.log.message(
             f"selfplay eval @ {c.steps:,} steps: vs random W/D/L {r['wins']}/{r['draws']}/{r['losses']}, "
-            f"vs {self.minimax.name} {m['wins']}/{m['draws']}/{m['losses']}{text}, Elo current {elo[CURRENT]:.0f}")
+            f"vs {self.reference.name} {m['wins']}/{m['draws']}/{m['losses']}{text}, Elo current {elo[CURRENT]:.0f}")
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out / "eval.json", json.dumps(self.history, indent=2))
         return record
@@ -321,9 +326,9 @@ class SelfPlayHook:
         """The searching agent's W/D/L against random, minimax and (tic-tac-toe) every perfect line."""
         cfg, rng = self.cfg, self.rng
         out: dict[str, Any] = {f"vs_{o.name}": play_match(self.spec, agent, o, cfg.eval_games, rng).as_dict()
-                               for o in (self.random, self.minimax)}
+                               for o in (self.random, self.reference)}
         if self.exhaustive:
-            out["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.minimax, rng).as_dict()
+            out["vs_every_perfect_line"] = every_perfect_line(self.spec, agent, self.reference, rng).as_dict()
             out["vs_every_line"] = every_reply_line(self.spec, agent, rng).as_dict()
         out["simulations"] = cfg.eval_search
         return out
@@ -336,7 +341,7 @@ class SelfPlayHook:
         for v in versions:
             if v.name not in self._snapshots:
                 self._snapshots[v.name] = load_player(v, self.spec, sample=True)
-        players: dict[str, Player] = {self.random.name: self.random, self.minimax.name: self.minimax}
+        players: dict[str, Player] = {self.random.name: self.random, self.reference.name: self.reference}
         players.update({v.name: self._snapshots[v.name] for v in versions})
         players[CURRENT] = PolicyPlayer(self.agent(), sample=True, name=CURRENT)
         names = list(players)
@@ -363,7 +368,7 @@ class SelfPlayHook:
         last = self.history[-1]
         return {
             "selfplay/vs_random": last[f"vs_{self.random.name}"],
-            f"selfplay/vs_{self.minimax.name}": last[f"vs_{self.minimax.name}"],
+            f"selfplay/vs_{self.reference.name}": last[f"vs_{self.reference.name}"],
             "selfplay/vs_every_perfect_line": last.get("vs_every_perfect_line"),
             "selfplay/vs_every_line": last.get("vs_every_line"),
             "selfplay/search": last.get("search"),
@@ -386,8 +391,29 @@ def _rank(record: dict, minimax: dict, random: dict) -> tuple[tuple[int, ...], t
     return (*lines, minimax["wins"] - minimax["losses"], -random["losses"]), (random["wins"],)
 
 
+def _rng_state(player: Player) -> dict | None:
+    """A player's RNG state (minimax's, MCTS's), or None for one without (the random players draw
+    from the match's generator)."""
+    rng = getattr(player, "rng", None)
+    return None if rng is None else rng.bit_generator.state
+
+
 def _flip(result: MatchResult) -> MatchResult:
     return MatchResult(result.losses, result.draws, result.wins)
+
+
+def reference_opponent(spec: Game, config: Config) -> Player:
+    """Minimax of `selfplay.minimax_depth` for the built-in games, OpenSpiel's MCTS of
+    `selfplay.mcts_simulations` for OpenSpiel's, a second uniform random player (`uniform`) for
+    any other game."""
+    seed = config.seed + 30_000
+    if isinstance(spec, GameSpec):
+        return Minimax(spec, config.selfplay.minimax_depth, seed=seed)
+    if getattr(spec, "openspiel", None) is not None:
+        from rlstack.envs.state_games import MCTSPlayer
+
+        return MCTSPlayer(spec, config.selfplay.mcts_simulations, seed=seed)
+    return RandomPlayer(spec, name="uniform")
 
 
 def attach_selfplay(config: Config, envs: Any, out_dir: Path, policy_dir: Path, log: RunLogger,

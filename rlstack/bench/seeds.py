@@ -36,6 +36,8 @@ class LearningRun:
     """The test's threshold on the final deterministic evaluation (`eval/mean_return`); None for
     tic-tac-toe, whose tests assert no loss against perfect play (and the random player) instead."""
     overrides: tuple[str, ...] = field(default=())
+    game: str = "tictactoe"
+    """The game a run with no `min_return` is judged on (`game_spec` names)."""
 
     @property
     def threshold(self) -> str:
@@ -59,17 +61,28 @@ def tictactoe_losses_to_perfect_play(run_dir: str | Path, games: int = 100) -> A
     return tictactoe_match(run_dir, "perfect", games)
 
 
-def tictactoe_match(run_dir: str | Path, opponent: str, games: int = 100) -> Any:
-    """The exported policy (argmax moves) against `perfect` or `random` (`make_player`'s names):
-    a `MatchResult`, seats alternating."""
+def tictactoe_match(run_dir: str | Path, opponent: str, games: int = 100, game: str = "tictactoe",
+                    search: int = 0) -> Any:
+    """The exported policy (argmax moves; with `search`, the most visited move of that many
+    simulations) against `perfect` or `random` on tic-tac-toe (built in, or `game`, e.g.
+    OpenSpiel's): a `MatchResult`, seats alternating."""
     import numpy as np
 
-    from rlstack.envs.games import TICTACTOE
+    from rlstack.envs.games import GameSpec, game_spec
     from rlstack.envs.selfplay import load_player, make_player
+    from rlstack.envs.state_games import PerfectPlayer
+    from rlstack.search import SearchPlayer
     from rlstack.selfplay_eval import play_match
 
-    policy = load_player(run_dir, TICTACTOE, sample=False)  # the exported graph, argmax moves
-    return play_match(TICTACTOE, policy, make_player(TICTACTOE, opponent, seed=123), games, np.random.default_rng(7))
+    spec = game_spec(game)
+    agent = load_player(run_dir, spec, sample=False)  # the exported graph, argmax moves
+    if search:
+        agent = SearchPlayer(agent.acting, spec, search)
+    if opponent == "perfect" and not isinstance(spec, GameSpec):
+        other = PerfectPlayer(spec, seed=123)
+    else:
+        other = make_player(spec, opponent, seed=123)
+    return play_match(spec, agent, other, games, np.random.default_rng(7))
 
 
 def tictactoe_every_line(run_dir: str | Path) -> Any:
@@ -119,6 +132,13 @@ LEARNING_RUNS: dict[str, LearningRun] = {
         "alphazero_tictactoe",
         "tests/algorithms/test_alphazero.py::test_alphazero_tictactoe_never_loses_to_perfect_play_with_or_without_search",
         None, ("train.total_steps=20000",)),
+    # The same through OpenSpiel's tic_tac_toe (the generic game path: no board symmetries, no
+    # threat shortcut in the search); judged with and without search.
+    "alphazero_openspiel_tictactoe": LearningRun(
+        "alphazero_tictactoe",
+        "tests/algorithms/test_alphazero.py::test_alphazero_on_openspiel_tictactoe_never_loses_to_perfect_play",
+        None, ("env.id=rlstack/Game-v0", "env.kwargs.game=openspiel:tic_tac_toe", "train.total_steps=20000"),
+        game="openspiel:tic_tac_toe"),
 }
 
 
@@ -132,7 +152,13 @@ def _one(name: str, seed: int, extra: tuple[str, ...]) -> dict[str, Any]:
                                "wall_seconds": round(time.perf_counter() - start, 1),
                                "final_policy": summary.get("final_policy"),
                                "eval_mean_return": round(summary["eval/mean_return"], 2)}
-        if run.min_return is None:
+        if run.min_return is None and run.game != "tictactoe":
+            results = {(opponent, sims): tictactoe_match(out, opponent, game=run.game, search=sims)
+                       for opponent in ("perfect", "random") for sims in (0, 32)}
+            row.update(result="; ".join(f"{'search 32' if sims else 'policy'} vs {opponent} W/D/L {r.wins}/{r.draws}/"
+                                        f"{r.losses}" for (opponent, sims), r in results.items()),
+                       passed=all(r.losses == 0 for r in results.values()))
+        elif run.min_return is None:
             perfect, random = tictactoe_match(out, "perfect"), tictactoe_match(out, "random")
             lines = tictactoe_every_line(out)
             row.update(result=f"{perfect.losses} losses to perfect play (W/D/L {perfect.wins}/{perfect.draws}/"

@@ -1,0 +1,325 @@
+"""Any two-player, zero-sum, perfect-information game with alternating moves, for search and
+self-play: OpenSpiel's games (`openspiel:<name>(<params>)`) and your own.
+
+A game is given as a factory of one-game states with OpenSpiel's `State` API (the seven methods
+of `TurnState`); pyspiel's states have them, and a game of your own needs only those. `StateGame`
+turns it into the interface the search, the self-play envs and the evaluation use (`Game`,
+`Positions` in rlstack/envs/games.py): N positions side by side, the observation of the player to
+move as the flat masked vector the network takes.
+
+Observation: the game's own observation tensor for a player (`observation_tensor(player)`, from
+that player's view where the game defines one so), in PettingZoo's classic layout: a 3-D tensor
+that the game gives channels first ([C, H, W], OpenSpiel's layout) becomes [H, W, C]; then the
+legal-move mask, as every game's flat observation (rlstack/spaces.py).
+
+What rlstack's search needs and checks: two players who alternate (a game in which a player moves
+twice in a row, e.g. a multi-jump as separate moves, is refused when it happens, naming the game
+and the move), no chance moves, and each finished game's returns (+1 / -1 / 0 for OpenSpiel's
+board games). Othello's pass is a move of its own in OpenSpiel, so its players alternate.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from rlstack.errors import IllegalMoveError, RlstackError
+from rlstack.spaces import MASK_KEY, OBS_KEY, MaskedBox
+
+
+class GameError(RlstackError, ValueError):
+    """A game that rlstack's search and self-play cannot play, or a broken rule of the interface."""
+
+
+class TurnState(Protocol):
+    """One game's state: the part of OpenSpiel's `pyspiel.State` API rlstack uses."""
+
+    def current_player(self) -> int: ...
+
+    def legal_actions(self) -> Sequence[int]: ...
+
+    def apply_action(self, action: int) -> None: ...
+
+    def is_terminal(self) -> bool: ...
+
+    def returns(self) -> Sequence[float]:
+        """Each player's result once the game is over (e.g. +1 win, -1 loss, 0 draw)."""
+        ...
+
+    def clone(self) -> TurnState: ...
+
+    def observation_tensor(self, player: int) -> Sequence[float]:
+        """The position as `player` observes it, flat, in the game's `obs_shape`."""
+        ...
+
+
+class StateGame:
+    """A game from a factory of initial states (`Game` of rlstack/envs/games.py).
+
+    `name`: how logs and errors name it; `n_actions`: the number of distinct moves (a move is an
+    integer 0..n_actions-1); `obs_shape`: the shape of `observation_tensor`'s values (3-D: [C, H, W]).
+    """
+
+    move_word = "move"
+
+    def __init__(self, name: str, new_state: Callable[[], TurnState], n_actions: int, obs_shape: Sequence[int],
+                 openspiel: Any = None):
+        self.name, self.new_state, self.n_actions = name, new_state, int(n_actions)
+        self.openspiel = openspiel
+        """The `pyspiel.Game` of an OpenSpiel game (its `MCTSBot` opponent), else None."""
+        self.tensor_shape = tuple(int(d) for d in obs_shape)
+        shape = self.tensor_shape
+        self.obs_shape = (shape[1], shape[2], shape[0]) if len(shape) == 3 else shape
+        self.obs_size = int(np.prod(shape))
+        self.initial = new_state()
+        if self.initial.current_player() != 0:
+            raise GameError(f"{name}: the first player to move must be player 0, got {self.initial.current_player()}")
+
+    def __repr__(self) -> str:
+        return f"StateGame({self.name})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StateGame) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def observation_space(self) -> gym.spaces.Dict:
+        """The game's observation of the player to move (float32, PettingZoo's layout) and an int8 mask."""
+        return gym.spaces.Dict({
+            OBS_KEY: gym.spaces.Box(-np.inf, np.inf, self.obs_shape, np.float32),
+            MASK_KEY: gym.spaces.Box(0, 1, (self.n_actions,), np.int8),
+        })
+
+    def flat_space(self) -> MaskedBox:
+        return MaskedBox(self.observation_space())
+
+    def symmetries(self) -> None:
+        """None: no symmetries declared (training samples positions as played)."""
+        return None
+
+    def positions(self, n: int) -> StatePositions:
+        return StatePositions(self, n)
+
+    def observe(self, state: TurnState, player: int) -> np.ndarray:
+        """`state` as `player` observes it, flat, in PettingZoo's layout (float32 [obs_size])."""
+        tensor = np.asarray(state.observation_tensor(player), np.float32)
+        if tensor.size != self.obs_size:
+            raise GameError(f"{self.name}: observation_tensor has {tensor.size} values, obs_shape "
+                            f"{self.tensor_shape} needs {self.obs_size}")
+        if len(self.tensor_shape) == 3:
+            tensor = tensor.reshape(self.tensor_shape).transpose(1, 2, 0)
+        return tensor.reshape(-1)
+
+
+class StatePositions:
+    """N positions of a `StateGame` side by side (`Positions` of rlstack/envs/games.py): one state
+    object per game, with the arrays the search reads (`over`, `winner`, `to_move`, `n_moves`)."""
+
+    def __init__(self, spec: StateGame, n: int, states: list[TurnState] | None = None):
+        self.spec, self.n = spec, n
+        self.states = [spec.initial.clone() for _ in range(n)] if states is None else states
+        self.to_move = np.zeros(n, np.int64)
+        self.winner = np.full(n, -1, np.int64)
+        self.over = np.zeros(n, bool)
+        self.n_moves = np.zeros(n, np.int64)
+        self.results = np.zeros((n, 2), np.float32)
+
+    def _idx(self, idx: Any) -> np.ndarray:
+        return np.arange(self.n) if idx is None else np.asarray(idx, np.int64).reshape(-1)
+
+    def take(self, idx: Any) -> StatePositions:
+        """Copies of games `idx` (an index may repeat: a game branched)."""
+        i = self._idx(idx)
+        out = StatePositions(self.spec, len(i), [self.states[k].clone() for k in i])
+        for name in ("to_move", "winner", "over", "n_moves", "results"):
+            getattr(out, name)[:] = getattr(self, name)[i]
+        return out
+
+    def reset(self, idx: Any = None) -> None:
+        for k in self._idx(idx):
+            self.states[k] = self.spec.initial.clone()
+            self.to_move[k], self.winner[k], self.over[k], self.n_moves[k] = 0, -1, False, 0
+            self.results[k] = 0.0
+
+    def legal_mask(self, idx: Any = None) -> np.ndarray:
+        """[n, n_actions] bool; all False in finished games."""
+        i = self._idx(idx)
+        mask = np.zeros((len(i), self.spec.n_actions), bool)
+        for row, k in enumerate(i):
+            if not self.over[k]:
+                mask[row, list(self.states[k].legal_actions())] = True
+        return mask
+
+    def play(self, actions: Any, idx: Any = None) -> None:
+        """One move in each game of `idx`; IllegalMoveError (nothing played in any game) if one is not legal."""
+        i = self._idx(idx)
+        actions = np.asarray(actions).reshape(-1)
+        if len(actions) != len(i):
+            raise ValueError(f"{len(actions)} actions for {len(i)} games")
+        if not np.issubdtype(actions.dtype, np.integer) and not np.all(np.mod(actions, 1) == 0):
+            raise IllegalMoveError(f"moves must be integers, got {actions.tolist()}")
+        actions = actions.astype(np.int64)
+        legal = self.legal_mask(i)
+        for row, (k, a) in enumerate(zip(i, actions, strict=True)):
+            if not (0 <= a < self.spec.n_actions and legal[row, a]):
+                raise IllegalMoveError(self.describe_illegal(int(k), int(a)))
+        for k, a in zip(i, actions, strict=True):
+            state, mover = self.states[k], int(self.to_move[k])
+            state.apply_action(int(a))
+            self.n_moves[k] += 1
+            if state.is_terminal():
+                self.over[k] = True
+                self.results[k] = np.asarray(state.returns(), np.float32)[:2]
+                r = self.results[k]
+                self.winner[k] = -1 if r[0] == r[1] else int(r[1] > r[0])
+                self.to_move[k] = 1 - mover
+            elif state.current_player() != 1 - mover:
+                raise GameError(f"{self.spec.name}: player {mover} moved ({a}) and player "
+                                f"{state.current_player()} is to move; rlstack's search needs players who "
+                                "alternate and no chance moves")
+            else:
+                self.to_move[k] = 1 - mover
+
+    def describe_illegal(self, game: int, action: int) -> str:
+        name = self.spec.name
+        if self.over[game]:
+            return f"{name}: the game is over; no move can be played (got move {action})"
+        legal = sorted(int(a) for a in self.states[game].legal_actions())
+        if not 0 <= action < self.spec.n_actions:
+            return f"{name}: illegal move {action} (out of range 0..{self.spec.n_actions - 1}); legal moves: {legal}"
+        return f"{name}: illegal move {action}; legal moves: {legal}"
+
+    def flat_obs(self, idx: Any = None, player: Any = None) -> np.ndarray:
+        """[n, obs_size + n_actions] float32 from the mover's view (or `player`'s, 0/1 per game);
+        the mask is the legal moves (all 0 once a game is over)."""
+        i = self._idx(idx)
+        who = self.to_move[i] if player is None else np.broadcast_to(np.asarray(player, np.int64), i.shape)
+        out = np.empty((len(i), self.spec.obs_size + self.spec.n_actions), np.float32)
+        for row, (k, p) in enumerate(zip(i, who, strict=True)):
+            out[row, :self.spec.obs_size] = self.spec.observe(self.states[k], int(p))
+        out[:, self.spec.obs_size:] = self.legal_mask(i)
+        return out
+
+    def result_for(self, player: Any, idx: Any = None) -> np.ndarray:
+        """`player`'s return in each game (0 while unfinished) [n] float32."""
+        i = self._idx(idx)
+        who = np.broadcast_to(np.asarray(player, np.int64), i.shape)
+        return self.results[i, who].astype(np.float32)
+
+    def render(self, game: int = 0) -> str:
+        return str(self.states[game])
+
+
+def _check_openspiel(game: Any, name: str) -> None:
+    import pyspiel
+
+    kind, problems = game.get_type(), []
+    if game.num_players() != 2:
+        problems.append(f"{game.num_players()} players")
+    if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
+        problems.append("simultaneous moves")
+    if kind.chance_mode != pyspiel.GameType.ChanceMode.DETERMINISTIC:
+        problems.append("chance moves")
+    if kind.information != pyspiel.GameType.Information.PERFECT_INFORMATION:
+        problems.append("hidden information")
+    if kind.utility not in (pyspiel.GameType.Utility.ZERO_SUM, pyspiel.GameType.Utility.CONSTANT_SUM):
+        problems.append(f"{kind.utility.name.lower()} utility")
+    if not kind.provides_observation_tensor:
+        problems.append("no observation tensor")
+    if problems:
+        raise GameError(f"openspiel:{name} has {', '.join(problems)}; rlstack's search and self-play play "
+                        "two-player, zero-sum, sequential, deterministic perfect-information games")
+
+
+def openspiel_game(name: str) -> StateGame:
+    """OpenSpiel's game `name` (e.g. `othello`, `hex(board_size=7)`) as a `StateGame`."""
+    try:
+        import pyspiel
+    except ImportError:
+        raise GameError("openspiel games need the open-spiel package: pip install 'rlstack[openspiel]'") from None
+    try:
+        game = pyspiel.load_game(name)
+    except pyspiel.SpielError as err:
+        raise GameError(f"openspiel:{name}: {err}") from None
+    _check_openspiel(game, name)
+    return StateGame(f"openspiel:{name}", game.new_initial_state, game.num_distinct_actions(),
+                     game.observation_tensor_shape(), openspiel=game)
+
+
+class MCTSPlayer:
+    """OpenSpiel's `MCTSBot` as a player (`act_positions`): UCT (c = 2) with one random rollout per
+    leaf and solved terminal subtrees, as OpenSpiel's AlphaZero evaluates against it."""
+
+    def __init__(self, game: StateGame, simulations: int, seed: int | None = None):
+        from open_spiel.python.algorithms import mcts
+
+        if game.openspiel is None:
+            raise GameError(f"{game.name}: the MCTS opponent plays OpenSpiel's games only")
+        if simulations < 1:
+            raise ValueError(f"MCTS needs at least 1 simulation, got {simulations}")
+        self.rng = np.random.default_rng(seed)
+        legacy = np.random.RandomState(self.rng.bit_generator)  # MCTSBot's API; the state is the Generator's
+        self.bot = mcts.MCTSBot(game.openspiel, uct_c=2.0, max_simulations=simulations, solve=True,
+                                evaluator=mcts.RandomRolloutEvaluator(n_rollouts=1, random_state=legacy),
+                                random_state=legacy)
+        self.name = f"mcts{simulations}"
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        raise ValueError(f"{self.name} plays from positions (act_positions), not observations")
+
+    def act_positions(self, positions: StatePositions, rng: np.random.Generator) -> np.ndarray:
+        return np.array([self.bot.step(state) for state in positions.states], np.int64)
+
+
+def imported_game(path: str) -> Any:
+    """`package.module:attribute` -> the game it names: a `Game` object, or a callable returning one."""
+    module, _, attr = path.partition(":")
+    try:
+        value = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise GameError(f"game '{path}': {err}") from None
+    return value() if callable(value) and not hasattr(value, "positions") else value
+
+
+class PerfectPlayer:
+    """Perfect play for small games by solving them (negamax over the whole game tree, each
+    position solved once): one of the optimal moves, chosen at random. Tic-tac-toe's 5,478
+    positions solve in about a second; a large game never finishes."""
+
+    def __init__(self, game: StateGame, seed: int | None = None):
+        self.game, self.name = game, "perfect"
+        self.rng = np.random.default_rng(seed)
+        self._values: dict[tuple[int, bytes], float] = {}
+
+    def _key(self, state: TurnState) -> tuple[int, bytes]:
+        return state.current_player(), np.asarray(state.observation_tensor(0), np.float32).tobytes()
+
+    def value(self, state: TurnState) -> float:
+        """The result of `state` for its player to move under perfect play."""
+        if state.is_terminal():
+            raise ValueError("a finished game has no player to move")
+        key = self._key(state)
+        if key not in self._values:
+            self._values[key] = max(self._after(state, a) for a in state.legal_actions())
+        return self._values[key]
+
+    def _after(self, state: TurnState, action: int) -> float:
+        mover, child = state.current_player(), state.clone()
+        child.apply_action(action)
+        return float(child.returns()[mover]) if child.is_terminal() else -self.value(child)
+
+    def best_moves(self, state: TurnState) -> list[int]:
+        values = {a: self._after(state, a) for a in state.legal_actions()}
+        best = max(values.values())
+        return [a for a, v in values.items() if v == best]
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        raise ValueError("the perfect player plays from positions (act_positions), not observations")
+
+    def act_positions(self, positions: StatePositions, rng: np.random.Generator) -> np.ndarray:
+        return np.array([self.rng.choice(self.best_moves(s)) for s in positions.states], np.int64)

@@ -1,0 +1,199 @@
+"""The game interface for search and self-play on games given as one-game states: a hand-made
+game, OpenSpiel's games (against the built-in rules where they are the same game), the search on
+them, the MCTS and perfect opponents, and the self-play env."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, IllegalMoveError, game_spec
+from rlstack.envs.selfplay import RandomPlayer, SelfPlayVectorEnv
+from rlstack.envs.state_games import GameError, MCTSPlayer, PerfectPlayer, StateGame
+from rlstack.search import SearchSettings, search
+from rlstack.selfplay_eval import play_match
+
+
+class TakeAway:
+    """A pile of stones; a move takes 1 or 2 (moves 0 and 1); who takes the last stone wins. The
+    observation is the pile's size, one-hot."""
+
+    def __init__(self, pile: int = 5, player: int = 0):
+        self.pile, self.player = pile, player
+
+    def current_player(self) -> int:
+        return -4 if self.is_terminal() else self.player
+
+    def legal_actions(self) -> list[int]:
+        return [a for a in (0, 1) if a + 1 <= self.pile]
+
+    def apply_action(self, action: int) -> None:
+        self.pile -= action + 1
+        self.player = 1 - self.player
+
+    def is_terminal(self) -> bool:
+        return self.pile == 0
+
+    def returns(self) -> list[float]:
+        if not self.is_terminal():
+            return [0.0, 0.0]
+        winner = 1 - self.player  # the player who took the last stone
+        return [1.0 if winner == 0 else -1.0, 1.0 if winner == 1 else -1.0]
+
+    def clone(self) -> TakeAway:
+        return TakeAway(self.pile, self.player)
+
+    def observation_tensor(self, player: int) -> list[float]:
+        return [float(i == self.pile) for i in range(6)]
+
+
+class TwiceInARow(TakeAway):
+    """Breaks the interface: player 0 moves twice at the start."""
+
+    def apply_action(self, action: int) -> None:
+        self.pile -= action + 1
+        self.player = 0 if self.pile == 4 else 1 - self.player
+
+    def clone(self) -> TwiceInARow:
+        return TwiceInARow(self.pile, self.player)
+
+
+def take_away() -> StateGame:
+    return StateGame("takeaway", TakeAway, 2, (6,))
+
+
+def uniform(n: int):
+    def evaluate(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        legal = obs[:, -n:] > 0.5
+        return legal / np.maximum(legal.sum(1, keepdims=True), 1), np.zeros(len(obs))
+    return evaluate
+
+
+def test_a_hand_made_game_plays_by_its_rules_and_the_search_finds_its_winning_move():
+    game = take_away()
+    assert game_spec(game) is game and game_spec(f"{__name__}:take_away") == game
+    p = game.positions(3)
+    assert p.flat_obs().shape == (3, 6 + 2) and p.legal_mask().all()
+    p.play([1, 0, 1])  # piles 3, 4, 3; player 1 to move
+    assert p.to_move.tolist() == [1, 1, 1] and p.n_moves.tolist() == [1, 1, 1]
+    copy = p.take([1, 1])
+    copy.play([1, 0])  # the copies go on, the original does not
+    assert p.states[1].pile == 4 and [s.pile for s in copy.states] == [2, 3]
+    p.play([1, 1, 1], [0, 1, 2])  # piles 1, 2, 1
+    p.play([0, 1, 0])  # every pile empty: player 0 took the last stones
+    assert p.over.all() and p.winner.tolist() == [0, 0, 0]
+    assert p.result_for(0).tolist() == [1, 1, 1] and p.result_for(1).tolist() == [-1, -1, -1]
+    assert not p.legal_mask().any()
+    with pytest.raises(IllegalMoveError, match="game is over"):
+        p.play([0], [0])
+    fresh = game.positions(1)
+    fresh.play([1])
+    fresh.play([1])  # pile 1: taking 2 is not legal
+    with pytest.raises(IllegalMoveError, match=r"illegal move 1; legal moves: \[0\]"):
+        fresh.play([1])
+    # From 5 stones, taking 2 leaves the opponent a lost pile of 3: the search finds it with no prior.
+    result = search(game.positions(2), uniform(2), SearchSettings(simulations=200))
+    assert (result.visits.argmax(1) == 1).all() and (result.value > 0.5).all()
+
+
+def test_a_game_whose_players_do_not_alternate_is_refused_when_it_happens():
+    game = StateGame("twice", TwiceInARow, 2, (6,))
+    p = game.positions(1)
+    with pytest.raises(GameError, match="player 0 moved .* player 0 is to move.*alternate"):
+        p.play([0])
+
+
+@pytest.mark.parametrize("name", ["kuhn_poker", "matrix_rps", "pig"])
+def test_openspiel_games_search_cannot_play_are_refused_naming_why(name):
+    with pytest.raises(GameError, match=f"openspiel:{name} has .*(hidden information|simultaneous|chance)"):
+        game_spec(f"openspiel:{name}")
+    with pytest.raises(GameError, match="no_such_game"):
+        game_spec("openspiel:no_such_game")
+
+
+@pytest.mark.parametrize("name, builtin", [("tic_tac_toe", TICTACTOE), ("connect_four", CONNECT_FOUR)])
+def test_openspiel_rules_match_the_builtin_games_over_random_games(name, builtin):
+    """The same moves in OpenSpiel's game and the built-in one: the same legal moves, finished
+    games, winners and results at every ply, and copies that go on by themselves."""
+    game = game_spec(f"openspiel:{name}")
+    assert game.n_actions == builtin.n_actions
+    ours, theirs = builtin.positions(200), game.positions(200)
+    rng = np.random.default_rng(0)
+    while not ours.over.all():
+        assert np.array_equal(ours.legal_mask(), theirs.legal_mask())
+        idx = np.flatnonzero(~ours.over)
+        mask = ours.legal_mask(idx)
+        moves = np.where(mask, rng.random(mask.shape), -1.0).argmax(1)
+        ours.play(moves, idx)
+        theirs.play(moves, idx)
+        for key in ("over", "winner", "to_move", "n_moves"):
+            assert np.array_equal(getattr(ours, key), getattr(theirs, key)), key
+        assert np.array_equal(ours.result_for(0), theirs.result_for(0))
+    assert set(ours.winner.tolist()) == {-1, 0, 1} if name == "tic_tac_toe" else {0, 1} <= set(ours.winner.tolist())
+    restored = pickle.loads(pickle.dumps(theirs.take(np.arange(5))))  # how a checkpoint holds games
+    assert np.array_equal(restored.flat_obs(), theirs.flat_obs(np.arange(5)))
+
+
+def test_openspiel_observations_are_the_movers_tensor_in_pettingzoo_layout_then_the_mask():
+    game = game_spec("openspiel:othello")
+    assert game.obs_shape == (8, 8, 3) and game.flat_space().shape == (8 * 8 * 3 + 65,)
+    p = game.positions(1)
+    p.play([19])  # black plays d3; white to move
+    state = p.states[0]
+    obs = p.flat_obs()[0]
+    tensor = np.asarray(state.observation_tensor(1), np.float32).reshape(3, 8, 8)
+    assert np.array_equal(obs[:192].reshape(8, 8, 3), tensor.transpose(1, 2, 0))
+    mask = np.zeros(65, np.float32)
+    mask[state.legal_actions()] = 1
+    assert np.array_equal(obs[192:], mask)
+    assert np.array_equal(p.flat_obs(player=[0])[0, :192].reshape(8, 8, 3),
+                          np.asarray(state.observation_tensor(0), np.float32).reshape(3, 8, 8).transpose(1, 2, 0))
+
+
+def test_search_on_an_openspiel_game_backs_up_exact_results():
+    """Connect Four through OpenSpiel, X to move with three in a row open: with no prior and no
+    value the search still finds the win from the finished games it reaches."""
+    game = game_spec("openspiel:connect_four")
+    p = game.positions(1)
+    p.play([0])
+    p.play([6])
+    p.play([1])
+    p.play([6])
+    p.play([2])
+    p.play([5])  # X has columns 0-2 on the bottom row: column 3 wins
+    result = search(p, uniform(7), SearchSettings(simulations=100))
+    assert result.visits[0].argmax() == 3 and result.value[0] > 0.5
+
+
+def test_mcts_and_perfect_players_on_tic_tac_toe():
+    game = game_spec("openspiel:tic_tac_toe")
+    rng = np.random.default_rng(1)
+    perfect = PerfectPlayer(game, seed=0)
+    assert perfect.value(game.initial) == 0.0  # tic-tac-toe is a draw
+    result = play_match(game, perfect, RandomPlayer(game), 50, rng)
+    assert result.losses == 0 and result.wins > 30
+    assert play_match(game, perfect, PerfectPlayer(game, seed=1), 20, rng).draws == 20
+    mcts = MCTSPlayer(game, 100, seed=0)
+    assert mcts.name == "mcts100"
+    assert play_match(game, mcts, RandomPlayer(game), 20, rng).losses <= 2
+    with pytest.raises(GameError, match="OpenSpiel's games only"):
+        MCTSPlayer(take_away(), 10)
+
+
+def test_the_selfplay_env_plays_an_openspiel_game_against_an_opponent():
+    envs = SelfPlayVectorEnv(8, game="openspiel:othello")
+    obs, info = envs.reset(seed=0)
+    assert obs.shape == (8, 257)
+    rng = np.random.default_rng(0)
+    finished = 0
+    for _ in range(80):
+        mask = obs[:, -65:] > 0.5
+        assert mask.any(1).all()  # the learner is to move in every game
+        obs, reward, done, _, info = envs.step(np.where(mask, rng.random(mask.shape), -1.0).argmax(1))
+        assert set(np.unique(reward[done])) <= {-1.0, 0.0, 1.0} and not reward[~done].any()
+        finished += done.sum()
+    assert finished >= 8
+    with pytest.raises(ValueError, match="minimax plays the built-in"):
+        SelfPlayVectorEnv(2, game="openspiel:othello", opponent="minimax:2")
