@@ -32,7 +32,7 @@ from mindspore import Tensor
 
 from rlstack.artifact import ArtifactError, LoadedGraph, interface, latest_name, load_graph
 from rlstack.graphcall import LeanCall, ParameterCopy, to_numpy
-from rlstack.network import NoiseKind, OUNoise, sample_noise
+from rlstack.network import NoiseKind, OUNoise, PriorsGraph, sample_noise
 from rlstack.spaces import MASK_KEY, OBS_KEY
 
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
@@ -56,19 +56,22 @@ class Acting:
     """
 
     def __init__(self, cell: Any, manifest: dict[str, Any], path: Path | None = None, *,
-                 lean: bool = True, updates: int | None = None):
+                 lean: bool = True, updates: int | None = None, priors: Any = None):
         self._source: Any = None
         self._key: Callable[[], tuple] | None = None
         self._seen: tuple | None = None
-        self._copies: tuple[ParameterCopy, ParameterCopy] | None = None
+        self._copies: tuple[Callable[[], None], Callable[[], None]] | None = None
         self.refreshes = 0
-        self._install(cell, manifest, path, lean)
+        self._install(cell, manifest, path, lean, priors)
         if updates is not None:
             self.updates = updates
 
-    def _install(self, cell: Any, manifest: dict[str, Any], path: Path | None, lean: bool) -> None:
+    def _install(self, cell: Any, manifest: dict[str, Any], path: Path | None, lean: bool, priors: Any) -> None:
         self.cell, self.manifest, self.path = cell, manifest, path
         self.call = LeanCall(cell) if lean else cell
+        # A game's priors entry point (`rlstack.network.PriorsGraph`): the same parameters, by name.
+        self.priors_cell = priors
+        self._priors_call = None if priors is None else LeanCall(priors) if lean else priors
         self.obs_shape: tuple[int, ...] = tuple(int(d) for d in manifest["observation_space"]["shape"])
         # uint8 frames for a conv encoder, float32 otherwise (artifacts before it: float32)
         self.obs_dtype = np.dtype(manifest["inputs"].get("obs_dtype", "float32"))
@@ -90,11 +93,13 @@ class Acting:
         self.updates = int(updates) if updates is not None else int(manifest.get("version", "v0")[1:])
         # A Cell's parameters (weights can be loaded); a plain function has none.
         self._params = dict(cell.parameters_and_names()) if hasattr(cell, "parameters_and_names") else {}
+        self._priors_params = dict(priors.parameters_and_names()) if hasattr(priors, "parameters_and_names") else {}
 
     @classmethod
     def of_network(cls, network: Any, obs_space: gym.Space, action_space: gym.Space, updates: int = 0) -> Acting:
         """The live network's acting graph (Cell.__call__: the learner changes its weights in place)."""
-        return cls(network, interface(network, obs_space, action_space), lean=False, updates=updates)
+        return cls(network, interface(network, obs_space, action_space), lean=False, updates=updates,
+                   priors=PriorsGraph(network) if network.has_priors else None)
 
     @property
     def version(self) -> str | None:
@@ -129,6 +134,27 @@ class Acting:
         return ActResult(action, logp, value)
 
     __call__ = run
+
+    @property
+    def has_priors(self) -> bool:
+        return self.priors_cell is not None
+
+    def priors(self, obs: np.ndarray, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The priors entry point: obs [B, D] -> (log-probabilities of every move [B, n], -1e9 on
+        illegal moves; V(s) [B]), one row per position; padded as `run` pads."""
+        if self._priors_call is None:
+            raise ArtifactError("this policy has no priors entry point (exported before it, or not a masked "
+                                "categorical policy with a value head)")
+        if self._key is not None:
+            self._follow()
+        obs = np.ascontiguousarray(obs, self.obs_dtype)
+        n = len(obs)
+        size = max(n, rows or 0)
+        size += -size % self.batch_rows
+        if size > n:
+            obs = np.concatenate([obs, np.zeros((size - n, *obs.shape[1:]), self.obs_dtype)])
+        logp_all, value = (_numpy(x)[:n] for x in self._priors_call(Tensor.from_numpy(obs)))
+        return logp_all, value
 
     def noise(self, batch: int, rng: np.random.Generator | None) -> np.ndarray:
         """Sampling noise [batch, noise_dim], or zeros (the deterministic action) when rng is None."""
@@ -219,6 +245,8 @@ class Acting:
             if value.shape != tuple(param.shape):
                 raise ArtifactError(f"weight '{name}' has shape {value.shape}, the graph expects {tuple(param.shape)}")
             param.set_data(Tensor(value))
+            if name in self._priors_params:
+                self._priors_params[name].set_data(Tensor(value.copy()))
 
     def sync_from(self, network: Any, updates: int) -> None:
         """Copy the live network's values of the graph's parameters (same names as exported)."""
@@ -251,19 +279,23 @@ class Acting:
                 self.refreshes += 1
             self._seen = seen
 
-    def _copy_graphs(self) -> tuple[ParameterCopy, ParameterCopy]:
-        """The followed network's parameters copied into the graph's, every one of the layout
-        and only the non-trainable ones (the statistics, DQN's epsilon), as compiled graphs."""
+    def _copy_graphs(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """The followed network's parameters copied into the graph's (and the priors graph's),
+        every one of the layout and only the non-trainable ones (the statistics, DQN's epsilon),
+        as compiled graphs."""
         sources = live_parameters(self._source, self.layout)
-        targets = [self._params[name] for name, _ in self.layout]
-        frozen = [i for i, p in enumerate(sources) if not p.requires_grad]
-        return (ParameterCopy(targets, sources),
-                ParameterCopy([targets[i] for i in frozen], [sources[i] for i in frozen]))
+        frozen = {i for i, p in enumerate(sources) if not p.requires_grad}
+        copies = []
+        for params in (self._params, self._priors_params):  # (one name once per copy graph)
+            every = [i for i, (name, _) in enumerate(self.layout) if name in params]
+            copies.append([ParameterCopy([params[self.layout[i][0]] for i in chosen], [sources[i] for i in chosen])
+                           for chosen in (every, [i for i in every if i in frozen])])
+        return (lambda: [c[0]() for c in copies]), (lambda: [c[1]() for c in copies])
 
     def swap(self, other: Acting) -> None:
         """Run another loaded version's graph from now on (its own weights and update count)."""
-        self._install(other.cell, other.manifest, other.path, lean=False)
-        self.call = other.call
+        self._install(other.cell, other.manifest, other.path, lean=False, priors=other.priors_cell)
+        self.call, self._priors_call = other.call, other._priors_call
         self._seen, self._copies = None, None
 
 
@@ -321,7 +353,7 @@ def load_policy(path: str | Path, *, obs_shape: tuple[int, ...] | None = None,
     `rlstack.artifact.load_graph`: manifest, sha256 and observation shape are checked before
     anything is built) and return it ready to act."""
     loaded: LoadedGraph = load_graph(path, obs_shape=obs_shape, device=device, fusion=fusion)
-    return Acting(loaded.graph, loaded.manifest, loaded.path)
+    return Acting(loaded.graph, loaded.manifest, loaded.path, priors=loaded.entry_points.get("priors"))
 
 
 Policy = Acting

@@ -1,8 +1,8 @@
 """The policy artifact (docs/DESIGN.md, contract 3): MindIR export of the acting graph, its
 manifest, and loading.
 
-Layout: `<run>/policy/v000012/{policy.mindir, manifest.json}` plus `<run>/policy/LATEST` naming
-the newest version. This module is the only caller of `mindspore.export` / `mindspore.load`.
+Layout: `<run>/policy/v000012/{policy.mindir, manifest.json}` (a game's network adds its priors
+entry point, `priors.mindir`) plus `<run>/policy/LATEST` naming the newest version. This module is the only caller of `mindspore.export` / `mindspore.load`.
 A version directory is written under a temp name and renamed into place, and `LATEST` is
 replaced atomically, so a reader never sees a half-written version. Loading verifies the
 sha256 and the manifest before anything is built, and refuses a mismatch with a message that
@@ -29,10 +29,12 @@ from mindspore import Tensor, nn
 
 from rlstack.errors import RlstackError
 from rlstack.fsutil import atomic_directory, atomic_write_text, sha256_file
-from rlstack.network import BLOCK_ROWS, Network
+from rlstack.network import BLOCK_ROWS, Network, PriorsGraph
 from rlstack.spaces import MaskedBox, flat_masked_space, obs_dtype_of
 
 GRAPH_FILE = "policy.mindir"
+PRIORS_FILE = "priors.mindir"
+"""The priors entry point of a game's network (`rlstack.network.PriorsGraph`), beside the acting graph."""
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
 _VERSION_RE = re.compile(r"^v(\d{6})$")
@@ -137,6 +139,14 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
             graph = tmp / GRAPH_FILE
             if not graph.is_file():
                 raise ArtifactError(f"mindspore.export did not write {graph}")
+            entry_points = {}
+            if network.has_priors:
+                ms.export(PriorsGraph(network), Tensor(shape=[None, *obs_shape], dtype=ms.float32),
+                          file_name=str(tmp / "priors"), file_format="MINDIR")
+                if not (tmp / PRIORS_FILE).is_file():
+                    raise ArtifactError(f"mindspore.export did not write {tmp / PRIORS_FILE}")
+                entry_points["priors"] = {"graph_file": PRIORS_FILE, "sha256": sha256_file(tmp / PRIORS_FILE),
+                                          "inputs": {"obs": [None, *obs_shape]}, "outputs": ["logp_all", "value"]}
             manifest = {
                 "format_version": FORMAT_VERSION,
                 "version": name,
@@ -149,6 +159,8 @@ def export_policy(network: Network, policy_dir: str | Path, *, algorithm: str, o
                 "config_hash": config_hash,
                 "sha256": sha256_file(graph),
                 "graph_file": GRAPH_FILE,
+                # further graphs of the same network and parameters (a game's `priors`)
+                "entry_points": entry_points,
                 **(extra or {}),
             }
             (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, allow_nan=False))
@@ -256,11 +268,12 @@ def check_manifest(manifest: dict[str, Any], where: Path, *, obs_shape: tuple[in
 
 class LoadedGraph(NamedTuple):
     """A verified policy version as loaded: the graph, its manifest, its version directory
-    (`rlstack.acting.load_policy` makes it an `Acting`)."""
+    (`rlstack.acting.load_policy` makes it an `Acting`), and its further entry points by name."""
 
     graph: nn.GraphCell
     manifest: dict[str, Any]
     path: Path
+    entry_points: dict[str, nn.GraphCell] = {}
 
 
 _RACE_RETRIES = 20
@@ -306,17 +319,23 @@ def _load_version(version_dir: Path, obs_shape: tuple[int, ...] | None, device: 
                   fusion: bool | None) -> LoadedGraph:
     manifest = read_manifest(version_dir)
     check_manifest(manifest, version_dir, obs_shape=obs_shape, device=device, fusion=fusion)
-    graph_path = version_dir / manifest["graph_file"]
+    graph = _load_checked(version_dir / manifest["graph_file"], manifest["sha256"])
+    entry_points = {name: _load_checked(version_dir / entry["graph_file"], entry["sha256"])
+                    for name, entry in manifest.get("entry_points", {}).items()}
+    return LoadedGraph(graph, manifest, version_dir, entry_points)
+
+
+def _load_checked(graph_path: Path, sha256: str) -> nn.GraphCell:
+    """A graph file whose sha256 is the manifest's, loaded; ArtifactError otherwise."""
     try:
         data = graph_path.read_bytes()
     except OSError as err:
         raise ArtifactError(f"{graph_path} cannot be read: {err}") from None
     digest = hashlib.sha256(data).hexdigest()
-    if digest != manifest["sha256"]:
+    if digest != sha256:
         raise ArtifactError(f"{graph_path} is corrupt: sha256 {digest[:16]}… but the manifest records "
-                            f"{manifest['sha256'][:16]}…; refusing to load it")
+                            f"{sha256[:16]}…; refusing to load it")
     try:
-        graph = nn.GraphCell(ms.load(str(graph_path)))
+        return nn.GraphCell(ms.load(str(graph_path)))
     except Exception as err:  # MindSpore raises RuntimeError/ValueError variants on bad files
         raise ArtifactError(f"{graph_path} passed its checksum but MindSpore cannot load it: {err}") from None
-    return LoadedGraph(graph, manifest, version_dir)

@@ -208,6 +208,12 @@ class Network(nn.Cell):
             return "state_value"
         return {"continuous": "min_q", "discrete": "max_q"}.get(self.qkind, "none")
 
+    @property
+    def has_priors(self) -> bool:
+        """A masked categorical policy with V(s) (the games' networks): `PriorsGraph` is exported
+        beside the acting graph."""
+        return self.masked and self.has_policy and self.has_value and self.policy_kind == PolicyKind.CATEGORICAL
+
     def encoder_params(self) -> list[Parameter]:
         """The encoder's trainable parameters: shared by every head, so every loss reaches them."""
         return list(self.encoder.trainable_params())
@@ -297,6 +303,24 @@ class Network(nn.Cell):
     def policy_logp_entropy(self, obs, action):
         """The policy head alone (PPO's policy-loss graph): (logp [B], entropy [B])."""
         return self.pi.logp_entropy(self.features(obs), obs, action)
+
+
+class PriorsGraph(nn.Cell):
+    """The priors entry point of a game's network: obs [B, D] -> (log-probabilities of every move
+    [B, n], -1e9-masked as in acting (0 probability for an illegal move), V(s) [B]): one row per
+    position where the acting graph needs one row per move (the search, rlstack/search.py).
+
+    It computes the same kernels as the acting graph up to the log-softmax, on the same parameters:
+    `auto_prefix=False` keeps their names (a prefixed name would also rename the live network's)."""
+
+    def __init__(self, network: Network):
+        super().__init__(auto_prefix=False)
+        self.network = network
+
+    def construct(self, obs):
+        x = self.network.features(obs)
+        _, logp_all = self.network.pi.logits(x, obs)
+        return logp_all, self.network.state_value(x)
 
 
 class OUNoise:

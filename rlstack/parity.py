@@ -43,12 +43,18 @@ class ParityReport(NamedTuple):
     export_bitwise: bool
     """Exported graph and live module identical at the same batch size (both sizes)."""
     seconds: float
+    priors_max_abs: float | None = None
+    """A game's priors entry point: max |d| of its log-probabilities and values, exported against
+    live at the same batch (None: the version has none)."""
 
     def metrics(self) -> dict[str, float]:
         """`parity/…` scalars for TensorBoard and summary.json."""
-        return {"parity/max_abs_logp": self.max_abs_logp, "parity/max_abs_action": self.max_abs_action,
-                "parity/max_abs_value": self.max_abs_value, "parity/action_mismatch": self.action_mismatch,
-                "parity/bitwise": float(self.bitwise), "parity/export_bitwise": float(self.export_bitwise)}
+        metrics = {"parity/max_abs_logp": self.max_abs_logp, "parity/max_abs_action": self.max_abs_action,
+                   "parity/max_abs_value": self.max_abs_value, "parity/action_mismatch": self.action_mismatch,
+                   "parity/bitwise": float(self.bitwise), "parity/export_bitwise": float(self.export_bitwise)}
+        if self.priors_max_abs is not None:
+            metrics["parity/priors_max_abs"] = self.priors_max_abs
+        return metrics
 
     def line(self) -> str:
         """One console line."""
@@ -56,7 +62,9 @@ class ParityReport(NamedTuple):
                 f"{self.minibatch} on {self.rows} recent obs: max|dlogp| {self.max_abs_logp:.3g}, "
                 f"max|daction| {self.max_abs_action:.3g}, max|dvalue| {self.max_abs_value:.3g}, "
                 f"bitwise {'yes' if self.bitwise else 'no'}; same-batch export bitwise "
-                f"{'yes' if self.export_bitwise else 'NO'} ({self.seconds:.2f} s)")
+                f"{'yes' if self.export_bitwise else 'NO'}"
+                + ("" if self.priors_max_abs is None else f"; priors entry point max|d| {self.priors_max_abs:.3g}")
+                + f" ({self.seconds:.2f} s)")
 
 
 class RecentObs:
@@ -122,8 +130,13 @@ def sample_rows(recent: np.ndarray | None, rows: int, obs_shape: tuple[int, ...]
 def measure_parity(policy: Any, live: ActFn, obs: np.ndarray, noise: np.ndarray, *, rollout_batch: int,
                    minibatch: int) -> ParityReport:
     """Compare `policy` (a loaded version's `rlstack.acting.Acting`) with `live` (the module's
-    act, numpy in/out: `Acting.of_network`) on `obs` [R, ...] and `noise` [R, noise_dim]."""
+    act, numpy in/out: `Acting.of_network`) on `obs` [R, ...] and `noise` [R, noise_dim]; a
+    game's priors entry point too, at the same batch."""
     start = time.perf_counter()
+    priors = None
+    if getattr(policy, "has_priors", False) and getattr(live, "has_priors", False):
+        exported_priors, live_priors = policy.priors(obs), live.priors(obs)
+        priors = max(_max_abs(a, b) for a, b in zip(exported_priors, live_priors, strict=True))
     exported = policy.run
     acted = in_chunks(exported, obs, noise, rollout_batch)
     learned = in_chunks(live, obs, noise, minibatch)
@@ -135,4 +148,5 @@ def measure_parity(policy: Any, live: ActFn, obs: np.ndarray, noise: np.ndarray,
         max_abs_logp=_max_abs(acted[1], learned[1]), max_abs_action=_max_abs(acted[0], learned[0]),
         max_abs_value=_max_abs(acted[2], learned[2]),
         action_mismatch=float(np.mean(np.any(action_a != action_l, axis=1))) if len(obs) else 0.0,
-        bitwise=_identical(acted, learned), export_bitwise=same, seconds=time.perf_counter() - start)
+        bitwise=_identical(acted, learned), export_bitwise=same, seconds=time.perf_counter() - start,
+        priors_max_abs=priors)

@@ -10,11 +10,10 @@ every game are evaluated by **one graph call per simulation** (`policy_value`). 
 games and your own (rlstack/envs/state_games.py).
 
 What differs from the paper, and why:
-- The prior over moves comes from the same exported graph the actors run, `act(obs, noise) ->
-  (action, logp, value)`, without a second entry point: each leaf is run once per move with
-  Gumbel noise that forces that move (`FORCE` on its column), so the rows' `logp` are the log
-  prior of every move and `value` is V(s). One call of leaves x moves rows; the graph, its
-  legal-move mask and its value head are exactly what training exported.
+- The prior over moves and V(s) come from the network's priors entry point, exported beside the
+  acting graph (`rlstack.network.PriorsGraph`: the same parameters and kernels up to the
+  log-softmax), one row per leaf. A graph exported without it is run once per move with Gumbel
+  noise that forces that move (`FORCE` on its column): leaves x moves rows of the acting graph.
 - A leaf where the player to move can complete a line at once (games whose positions have
   `threats`: the built-in k-in-a-row games) is valued +1 (exact) instead of by the value head: a win in one is never missed and a loss in one is seen one ply earlier,
   which with few simulations is what makes the search block it.
@@ -47,24 +46,29 @@ for the player to move)."""
 
 
 def policy_value(acting: Any, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Prior over every move and V(s) of positions `obs` [M, D], from one call of a categorical
-    acting graph (`rlstack.acting.Acting`) on M x n_actions rows."""
+    """Prior over every move and V(s) of positions `obs` [M, D], from one graph call: the priors
+    entry point's M rows (`Acting.priors`), or for a graph exported without it M x n_actions rows
+    of the acting graph, each forcing one move."""
     from rlstack.envs.selfplay import graph_rows  # (the compiled batch sizes the opponents use)
 
     obs = np.asarray(obs, np.float32)
     m, n = len(obs), int(acting.noise_dim)
-    forcing = np.tile(np.eye(n, dtype=np.float32) * FORCE, (m, 1))
-    result = acting.run(np.repeat(obs, n, axis=0), forcing, rows=graph_rows(m * n))
-    if not np.array_equal(result.action.reshape(m, n), np.broadcast_to(np.arange(n), (m, n))):
-        raise ValueError("search needs a categorical policy graph (Gumbel-max acting); this graph did not "
-                         "play the moves its noise forced")
-    prior = np.exp(result.logp.reshape(m, n).astype(np.float64))
+    if getattr(acting, "has_priors", False):
+        logp, value = acting.priors(obs, rows=graph_rows(m))
+    else:
+        forcing = np.tile(np.eye(n, dtype=np.float32) * FORCE, (m, 1))
+        result = acting.run(np.repeat(obs, n, axis=0), forcing, rows=graph_rows(m * n))
+        if not np.array_equal(result.action.reshape(m, n), np.broadcast_to(np.arange(n), (m, n))):
+            raise ValueError("search needs a categorical policy graph (Gumbel-max acting); this graph did not "
+                             "play the moves its noise forced")
+        logp, value = result.logp.reshape(m, n), result.value.reshape(m, n)[:, 0]
+    prior = np.exp(logp.astype(np.float64))
     legal = obs[:, -n:] > 0.5
     prior = np.where(legal, prior, 0.0)
     total = prior.sum(1, keepdims=True)
     uniform = legal / np.maximum(legal.sum(1, keepdims=True), 1)
     prior = np.where(total > 0, prior / np.where(total > 0, total, 1.0), uniform)
-    return prior, result.value.reshape(m, n)[:, 0].astype(np.float64)
+    return prior, value.astype(np.float64)
 
 
 def acting_evaluator(acting: Any) -> Evaluator:

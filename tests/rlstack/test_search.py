@@ -116,10 +116,11 @@ def test_priors_and_values_come_from_the_exported_graph_in_one_call(tmp_path):
     boards = random_positions(TICTACTOE, 20, np.random.default_rng(2))
     obs = boards.flat_obs()
     calls = []
-    run = acting.run
-    acting.run = lambda *a, **k: calls.append(1) or run(*a, **k)
+    run, priors = acting.run, acting.priors
+    acting.run = lambda *a, **k: calls.append("run") or run(*a, **k)
+    acting.priors = lambda *a, **k: calls.append("priors") or priors(*a, **k)
     prior, value = policy_value(acting, obs)
-    assert len(calls) == 1
+    assert calls == ["priors"]  # the priors entry point (tests/rlstack/test_priors.py)
     legal = boards.legal_mask()
     # The live network's masked softmax and value head on the same positions.
     logp_all = np.stack([net.evaluate(Tensor(obs), Tensor(np.full(20, a, np.int32)))[0].asnumpy() for a in range(9)], 1)
