@@ -19,6 +19,7 @@ BENCHMARKS = {
     "runtime": "rlstack.bench.runtime",
     "conv": "rlstack.bench.conv",
     "mujoco": "rlstack.bench.mujoco",
+    "search": "rlstack.bench.search",
 }
 
 
