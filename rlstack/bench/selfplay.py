@@ -1,7 +1,10 @@
-"""`python -m rlstack.bench selfplay`: a Connect Four (or tic-tac-toe) self-play run per seed, then the
-exported agent's W/D/L against the random player and against minimax of each `--depths` over N
-games with seats alternating: its policy's argmax moves, and with `--search N` also the agent
-searching N simulations per move on the same graph (reported apart).
+"""`python -m rlstack.bench selfplay`: a self-play run per seed (Connect Four, tic-tac-toe, or the game
+of `--config`, e.g. an OpenSpiel game), then the exported agent's W/D/L over N games with seats
+alternating against the random player and the game's reference opponents (minimax of each
+`--depths` on the built-in games, OpenSpiel's `MCTSBot` of each `--mcts` simulations on OpenSpiel's):
+its policy's argmax moves, and with `--search N` also the agent searching N simulations per move on
+the same graph (reported apart); then an Elo table of the agents and the opponents (`--elo-games`
+games per pair of opponents; random at 0).
 
 Prints JSON per seed: steps/s, wall time, the time split, for a search learner the self-play games
 and graph calls per second, and the results. Targets: PPO Connect Four (`ppo_connect4_selfplay`)
@@ -11,6 +14,7 @@ default fresh `runs/bench_selfplay_*`), so an agent can be played afterwards wit
 `python -m rlstack.play <out>/seed<N> [--search N]`.
 
     python -m rlstack.bench selfplay --config alphazero_connect4 --seeds 0,1 --jobs 2 --depths 2,4 --search 64
+    python -m rlstack.bench selfplay --config alphazero_othello --seeds 0 --mcts 100,1000 --search 200 --games 100
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_CONFIG = {"connect4": "ppo_connect4_selfplay", "tictactoe": "ppo_tictactoe_selfplay"}
-TARGETS = {"ppo_connect4_selfplay": {"random": 0.95, "minimax_d2": 0.60}, "alphazero_connect4": {"minimax_d4": 0.90}}
+TARGETS = {"ppo_connect4_selfplay": {"random": 0.95, "minimax_d2": 0.60}, "alphazero_connect4": {"minimax_d4": 0.90},
+           "alphazero_openspiel_connect4": {"minimax_d4": 0.90}, "alphazero_othello": {"mcts100": 0.90},
+           "alphazero_hex7": {"mcts100": 0.90}}
 """Win rates the shipped configs aim for (config name -> opponent -> wins / games)."""
 
 
@@ -46,36 +52,93 @@ def train(config: str, out: Path, seed: int | None, overrides: list[str]) -> dic
     return result
 
 
-def evaluate(out: Path, game: str, games: int, depths: list[int], search: int) -> dict[str, Any]:
+BUILTIN_RULES = {"openspiel:tic_tac_toe": "tictactoe", "openspiel:connect_four": "connect4"}
+"""OpenSpiel's games whose moves and rules are a built-in game's (tests/envs/test_state_games.py):
+the project's minimax plays them too (`OnBuiltinBoards`)."""
+
+
+class OnBuiltinBoards:
+    """A built-in game's player (minimax) on an OpenSpiel game with the same rules: each position
+    is rebuilt on the built-in boards from the OpenSpiel state's move history."""
+
+    def __init__(self, player: Any, builtin: Any):
+        self.player, self.builtin, self.name = player, builtin, player.name
+
+    def act(self, obs: Any, rng: Any) -> Any:
+        raise ValueError(f"{self.name} on OpenSpiel's boards plays from positions (act_positions)")
+
+    def act_positions(self, positions: Any, rng: Any) -> Any:
+        boards = self.builtin.positions(positions.n)
+        for k, state in enumerate(positions.states):
+            for move in state.history():
+                boards.play([move], [k])
+        return self.player.act(boards.flat_obs(), rng)
+
+
+def opponents(spec: Any, depths: list[int], mcts: list[int]) -> dict[str, Any]:
+    """Random, and the game's reference opponents: minimax of each depth (built-in games, and
+    OpenSpiel's with the same rules) and OpenSpiel's MCTS of each simulation count (OpenSpiel's
+    games)."""
+    from rlstack.envs.games import GameSpec, game_spec
+    from rlstack.envs.minimax import Minimax
+    from rlstack.envs.selfplay import RandomPlayer
+    from rlstack.envs.state_games import MCTSPlayer
+
+    players: dict[str, Any] = {"random": RandomPlayer(spec)}
+    if isinstance(spec, GameSpec):
+        players.update({f"minimax_d{d}": Minimax(spec, d, seed=54321) for d in depths})
+    elif spec.name in BUILTIN_RULES:
+        builtin = game_spec(BUILTIN_RULES[spec.name])
+        players.update({f"minimax_d{d}": OnBuiltinBoards(Minimax(builtin, d, seed=54321), builtin) for d in depths})
+    if getattr(spec, "openspiel", None) is not None:
+        players.update({f"mcts{n}": MCTSPlayer(spec, n, seed=54321) for n in mcts})
+    return players
+
+
+def evaluate(out: Path, game: str, games: int, depths: list[int], search: int, mcts: list[int] | None = None,
+             elo_games: int = 0) -> dict[str, Any]:
     """The exported agent (argmax moves; and searching `search` simulations) against random and
-    minimax of each depth, `games` games each, seats alternating."""
+    the reference opponents (`opponents`), `games` games each, seats alternating; with
+    `elo_games`, the opponents' pairs too and an Elo table of everyone."""
     import numpy as np
 
     from rlstack.envs.games import game_spec
-    from rlstack.envs.minimax import Minimax
-    from rlstack.envs.selfplay import RandomPlayer, load_player
+    from rlstack.envs.selfplay import load_player
     from rlstack.search import SearchPlayer
-    from rlstack.selfplay_eval import play_match
+    from rlstack.selfplay_eval import MatchResult, elo_ratings, play_match
 
     spec = game_spec(game)
     policy = load_player(out, spec, sample=False)  # the exported graph
     agents = {"policy": policy}
     if search:
         agents[f"search{search}"] = SearchPlayer(policy.acting, spec, search)
-    result: dict[str, Any] = {"policy_version": policy.name, "eval_games": games}
+    others = opponents(spec, depths, mcts or [])
+    result: dict[str, Any] = {"game": spec.name, "policy_version": policy.name, "eval_games": games}
+    pairs: dict[tuple[str, str], MatchResult] = {}
     for label, agent in agents.items():
         rng = np.random.default_rng(12345)
         start = time.perf_counter()
-        rows = {"random": play_match(spec, agent, RandomPlayer(spec), games, rng).as_dict()}
-        for depth in depths:
-            rows[f"minimax_d{depth}"] = play_match(spec, agent, Minimax(spec, depth, seed=54321), games, rng).as_dict()
+        rows: dict[str, Any] = {}
+        for name, opponent in others.items():
+            pairs[(label, name)] = play_match(spec, agent, opponent, games, rng)
+            rows[name] = pairs[(label, name)].as_dict()
         rows["eval_seconds"] = round(time.perf_counter() - start, 1)
         result[label] = rows
+    if elo_games:
+        rng = np.random.default_rng(777)
+        names = list(others)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                pairs[(a, b)] = play_match(spec, others[a], others[b], elo_games, rng)
+        result["elo"] = {name: round(rating) for name, rating in
+                         elo_ratings([*agents, *names], pairs, anchor="random").items()}
     return result
 
 
-def _one(config: str, out: str, seed: int | None, overrides: list[str], game: str, games: int,
-         depths: list[int], search: int, eval_only: bool) -> dict[str, Any]:
+def _one(config: str, out: str, seed: int | None, overrides: list[str], game: str | None, games: int,
+         depths: list[int], search: int, eval_only: bool, mcts: list[int], elo_games: int) -> dict[str, Any]:
+    from rlstack.config import load_config
+    from rlstack.envs.games import env_game
     from rlstack.runtime import configure
 
     result: dict[str, Any] = {"run_dir": out}
@@ -83,20 +146,26 @@ def _one(config: str, out: str, seed: int | None, overrides: list[str], game: st
         configure("cpu", "auto")
     else:
         result.update(train(config, Path(out), seed, overrides))
-    result.update(evaluate(Path(out), game, games, depths, search))
+    if game is None:  # the config's game
+        cfg = load_config(config, overrides)
+        game = env_game(cfg.env.id, cfg.env.kwargs)
+    result.update(evaluate(Path(out), game, games, depths, search, mcts, elo_games))
     targets = TARGETS.get(Path(config).stem, {})
     if targets:
         result["targets"] = targets
-        result["target_met"] = {label: all(result[label][name]["win_rate"] >= rate for name, rate in targets.items()
-                                           if name in result[label])
+        # (a target whose opponent was not played is not judged: None)
+        result["target_met"] = {label: all(result[label][name]["win_rate"] >= rate for name, rate in targets.items())
+                                if all(name in result[label] for name in targets) else None
                                 for label in result if label == "policy" or label.startswith("search")}
     return result
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstack.bench selfplay", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--game", choices=sorted(DEFAULT_CONFIG), default="connect4")
-    parser.add_argument("--config", default=None, help="config file or shipped name (default: ppo_<game>_selfplay)")
+    parser.add_argument("--game", choices=sorted(DEFAULT_CONFIG), default=None,
+                        help="with no --config: PPO self-play on this game (default connect4)")
+    parser.add_argument("--config", default=None, help="config file or shipped name (default: ppo_<game>_selfplay); "
+                                                       "the game is the config's")
     parser.add_argument("--out", default=None, help="run directory (default: runs/bench_selfplay_<game>_<time>); "
                                                     "with several seeds, one seed<N> folder each")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the config's)")
@@ -104,6 +173,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--games", type=int, default=200, help="evaluation games per opponent")
     parser.add_argument("--depth", type=int, default=None, help="depth of the minimax opponent (one depth)")
     parser.add_argument("--depths", default="2", help="comma-separated minimax depths (default: 2)")
+    parser.add_argument("--mcts", default="100", help="comma-separated simulations of OpenSpiel's MCTS opponents "
+                                                     "(OpenSpiel games; default: 100)")
+    parser.add_argument("--elo-games", type=int, default=20,
+                        help="games per pair of opponents for the Elo table (0: no table; default 20)")
     parser.add_argument("--search", type=int, default=0, metavar="N",
                         help="also evaluate the agent searching N simulations per move (default 0: off)")
     parser.add_argument("--eval-only", action="store_true", help="evaluate the policies already in --out")
@@ -111,20 +184,22 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from rlstack.config import config_path
 
-    config = str(config_path(args.config or DEFAULT_CONFIG[args.game]))
+    config = str(config_path(args.config or DEFAULT_CONFIG[args.game or "connect4"]))
+    game = None if args.config else args.game or "connect4"
+    mcts = [int(n) for n in args.mcts.split(",") if n]
     depths = [args.depth] if args.depth is not None else [int(d) for d in args.depths.split(",") if d]
     seeds: list[int | None] = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
-    out = Path(args.out or f"runs/bench_selfplay_{args.game}_{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out or f"runs/bench_selfplay_{Path(config).stem}_{time.strftime('%Y%m%d-%H%M%S')}")
     outs = [out] if len(seeds) == 1 else [out / f"seed{s}" for s in seeds]
-    jobs = [(config, str(o), s, args.overrides, args.game, args.games, depths, args.search, args.eval_only)
-            for o, s in zip(outs, seeds, strict=True)]
+    jobs = [(config, str(o), s, args.overrides, game, args.games, depths, args.search, args.eval_only, mcts,
+             args.elo_games) for o, s in zip(outs, seeds, strict=True)]
     start = time.perf_counter()
     if args.jobs > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(min(args.jobs, len(jobs))) as pool:
             results = list(pool.map(_one, *zip(*jobs, strict=True)))
     else:
         results = [_one(*job) for job in jobs]
-    report = {"benchmark": "selfplay", "game": args.game, "config": config,
+    report = {"benchmark": "selfplay", "config": config,
               "wall_seconds": round(time.perf_counter() - start, 1), "runs": results}
     print(json.dumps(report, indent=2))
     return 0
