@@ -14,6 +14,7 @@ import numpy as np
 from rlstack.acting import Acting, load_policy
 from rlstack.artifact import export_policy
 from rlstack.config import Config, config_hash
+from rlstack.envs.games import env_game
 from rlstack.parity import ParityReport, RecentObs, measure_parity, parity_rows, sample_rows
 
 
@@ -36,8 +37,8 @@ class Publisher:
             self.network, policy_dir, algorithm=self.cfg.algo, obs_space=self.obs_space,
             action_space=self.action_space, device=self.runtime.device, fusion=self.runtime.fusion,
             config_hash=config_hash(self.cfg), keep=keep,
-            extra={"env_id": self.cfg.env.id, "steps": steps, "updates": updates, "parity": self.cfg.parity,
-                   "trigger": trigger})
+            extra={"env_id": self.cfg.env.id, "game": env_game(self.cfg.env.id, self.cfg.env.kwargs), "steps": steps,
+                   "updates": updates, "parity": self.cfg.parity, "trigger": trigger})
 
     def check_parity(self, version_dir: Path, updates: int) -> ParityReport:
         """Run the exported version and the live module on the same recent observations and

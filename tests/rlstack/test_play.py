@@ -79,3 +79,23 @@ def test_cli_search_blocks_a_loss_in_one_that_the_raw_policy_misses(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rlstack.play", str(tmp_path), "--search", "-1"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--search must be >= 0" in bad.stderr
+
+
+def test_a_person_plays_an_openspiel_game_against_a_searching_agent(tmp_path):
+    """Any game of the interface in the terminal: OpenSpiel's tic-tac-toe, the game named in the
+    manifest, the agent searching; bad input asked again."""
+    from rlstack.envs.games import game_spec
+
+    game = game_spec("openspiel:tic_tac_toe")
+    space, actions = game.flat_space(), gym.spaces.Discrete(9)
+    net = Network(space, actions, NetSpec(hidden=(16,), value=True))
+    export_policy(net, tmp_path / "policy", algorithm="alphazero", obs_space=space, action_space=actions,
+                  device="cpu", fusion=False, config_hash="t",
+                  extra={"env_id": "rlstack/Game-v0", "game": "openspiel:tic_tac_toe"})
+    proc = subprocess.run([sys.executable, "-m", "rlstack.play", str(tmp_path), "--search", "8"],
+                          input="9\n4\n4\nq\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "You are player 0" in proc.stdout and "agent plays move" in proc.stdout
+    assert "move 9 is out of range 0..8" in proc.stdout
+    assert "move 4 is not legal" in proc.stdout
+    assert "...\n...\n..." in proc.stdout  # OpenSpiel's drawing of the empty board
