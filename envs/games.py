@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
+from rlstack.envs.symmetry import grid_symmetries
 from rlstack.errors import IllegalMoveError  # noqa: F401 (raised here; imported from here too)
 from rlstack.spaces import MASK_KEY, OBS_KEY, MaskedBox
 
@@ -172,18 +173,7 @@ def _windows(spec: GameSpec) -> np.ndarray:
 
 @functools.cache
 def _symmetries(spec: GameSpec) -> tuple[np.ndarray, np.ndarray]:
-    grid = np.arange(spec.n_cells).reshape(spec.rows, spec.cols)
-    maps = [grid, grid[:, ::-1]]
-    if not spec.gravity:
-        maps += [grid[::-1], grid[::-1, ::-1]]
-        if spec.rows == spec.cols:
-            maps += [m.T for m in maps]
-    cells = np.stack([m.ravel() for m in maps])  # [K, n_cells]
-    moves = cells[:, :spec.cols] if spec.gravity else cells  # a column is its top cell's column
-    planes = (2 * cells[:, :, None] + np.arange(2)).reshape(len(cells), -1)  # [rows, cols, 2] raveled
-    obs = np.concatenate([planes, 2 * spec.n_cells + moves], 1)
-    obs.flags.writeable = moves.flags.writeable = False
-    return obs, moves
+    return grid_symmetries(spec.rows, spec.cols, 2, columns=spec.gravity)
 
 
 class Boards:

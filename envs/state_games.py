@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
+from rlstack.envs.symmetry import grid_symmetries
 from rlstack.errors import IllegalMoveError, RlstackError
 from rlstack.spaces import MASK_KEY, OBS_KEY, MaskedBox
 
@@ -61,15 +62,18 @@ class StateGame:
     """A game from a factory of initial states (`Game` of rlstack/envs/games.py).
 
     `name`: how logs and errors name it; `n_actions`: the number of distinct moves (a move is an
-    integer 0..n_actions-1); `obs_shape`: the shape of `observation_tensor`'s values (3-D: [C, H, W]).
+    integer 0..n_actions-1); `obs_shape`: the shape of `observation_tensor`'s values (3-D: [C, H, W]);
+    `symmetries`: permutations of the flat observation and of the moves under which the rules are
+    the same (`rlstack.envs.symmetry.grid_symmetries`), for training on every symmetry of a position.
     """
 
     move_word = "move"
 
     def __init__(self, name: str, new_state: Callable[[], TurnState], n_actions: int, obs_shape: Sequence[int],
-                 openspiel: Any = None):
+                 openspiel: Any = None, symmetries: tuple[np.ndarray, np.ndarray] | None = None):
         self.name, self.new_state, self.n_actions = name, new_state, int(n_actions)
         self.openspiel = openspiel
+        self._symmetries = symmetries
         """The `pyspiel.Game` of an OpenSpiel game (its `MCTSBot` opponent), else None."""
         self.tensor_shape = tuple(int(d) for d in obs_shape)
         shape = self.tensor_shape
@@ -98,9 +102,10 @@ class StateGame:
     def flat_space(self) -> MaskedBox:
         return MaskedBox(self.observation_space())
 
-    def symmetries(self) -> None:
-        """None: no symmetries declared (training samples positions as played)."""
-        return None
+    def symmetries(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The board's symmetries given at construction (`rlstack.envs.symmetry.grid_symmetries`), or
+        None: none declared (training samples positions as played)."""
+        return self._symmetries
 
     def positions(self, n: int) -> StatePositions:
         return StatePositions(self, n)
@@ -236,6 +241,13 @@ def _check_openspiel(game: Any, name: str) -> None:
                         "two-player, zero-sum, sequential, deterministic perfect-information games")
 
 
+SYMMETRIC = {"tic_tac_toe": {}, "othello": {"extra_moves": 1}, "connect_four": {"columns": True}}
+"""OpenSpiel's games whose observation planes are one value per cell and channel and whose moves are
+cells (a pass after them) or columns: their board symmetries (`grid_symmetries` keywords). Hex's
+planes say which edges a group touches, and Breakthrough's moves are a cell and a direction: no
+cell permutation is a symmetry of those."""
+
+
 def openspiel_game(name: str) -> StateGame:
     """OpenSpiel's game `name` (e.g. `othello`, `hex(board_size=7)`) as a `StateGame`."""
     try:
@@ -247,8 +259,14 @@ def openspiel_game(name: str) -> StateGame:
     except pyspiel.SpielError as err:
         raise GameError(f"openspiel:{name}: {err}") from None
     _check_openspiel(game, name)
-    return StateGame(f"openspiel:{name}", game.new_initial_state, game.num_distinct_actions(),
-                     game.observation_tensor_shape(), openspiel=game)
+    shape = game.observation_tensor_shape()
+    symmetries = None
+    short = game.get_type().short_name
+    if short in SYMMETRIC and len(shape) == 3:
+        channels, rows, cols = shape
+        symmetries = grid_symmetries(rows, cols, channels, **SYMMETRIC[short])
+    return StateGame(f"openspiel:{name}", game.new_initial_state, game.num_distinct_actions(), shape,
+                     openspiel=game, symmetries=symmetries)
 
 
 class MCTSPlayer:

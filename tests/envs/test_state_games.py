@@ -197,3 +197,33 @@ def test_the_selfplay_env_plays_an_openspiel_game_against_an_opponent():
     assert finished >= 8
     with pytest.raises(ValueError, match="minimax plays the built-in"):
         SelfPlayVectorEnv(2, game="openspiel:othello", opponent="minimax:2")
+
+
+@pytest.mark.parametrize("name, count", [("tic_tac_toe", 8), ("connect_four", 2), ("othello", 8)])
+def test_openspiel_board_symmetries_map_positions_to_positions(name, count):
+    """A symmetry of the board applied to a game's moves gives the position its observation
+    permutation gives (over every symmetry that keeps the opening position)."""
+    game = game_spec(f"openspiel:{name}")
+    obs_perm, move_perm = game.symmetries()
+    assert len(obs_perm) == count and np.array_equal(obs_perm[0], np.arange(obs_perm.shape[1]))
+    rng = np.random.default_rng(3)
+    original = game.positions(20)
+    history = []
+    for _ in range(6):
+        live = np.flatnonzero(~original.over)
+        mask = original.legal_mask(live)
+        moves = np.full(original.n, -1)
+        moves[live] = np.where(mask, rng.random(mask.shape), -1.0).argmax(1)
+        original.play(moves[live], live)
+        history.append(moves)
+    opening = game.positions(1).flat_obs()[0]
+    kept = [k for k in range(count) if np.array_equal(opening[obs_perm[k]], opening)]
+    assert len(kept) >= 2
+    for k in kept:
+        inverse = np.argsort(move_perm[k])  # original move -> its image
+        image = game.positions(20)
+        for moves in history:
+            live = np.flatnonzero(moves >= 0)
+            image.play(inverse[moves[live]], live)
+        assert np.array_equal(image.flat_obs(), original.flat_obs()[:, obs_perm[k]]), k
+    assert game_spec("openspiel:hex(board_size=5)").symmetries() is None
