@@ -262,6 +262,12 @@ class SelfPlayConfig:
     mcts_simulations: int = 100
     """Simulations per move of the evaluation opponent of OpenSpiel's games: OpenSpiel's `MCTSBot`
     (UCT with random rollouts), the reference opponent of OpenSpiel's own AlphaZero results."""
+    reference: str = "auto"
+    """The evaluation's reference opponent (beside the random player; `train.keep_best` ranks by
+    it): `minimax` (of `minimax_depth`, the built-in games), `mcts` (OpenSpiel's MCTS of
+    `mcts_simulations`, OpenSpiel's games), `perfect` (the game solved: small games such as
+    tic-tac-toe only), `auto` (minimax on the built-in games, mcts on OpenSpiel's, else a second
+    random player)."""
     elo_snapshots: int = 3
     """Latest exported versions in the Elo table (with random, minimax and the current agent)."""
     elo_games: int = 20
@@ -341,6 +347,7 @@ _CHOICES = {
     "net.conv_form": ("auto", "native", "matmul"),  # rlstack.conv.FORMS
     "train.progress": ("auto", "bar", "log", "off"),
     "selfplay.opponents": ("latest", "uniform", "gated"),
+    "selfplay.reference": ("auto", "minimax", "mcts", "perfect"),
 }
 
 

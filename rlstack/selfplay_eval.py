@@ -212,7 +212,7 @@ class SelfPlayHook:
         self.random = RandomPlayer(self.spec)
         self.reference = reference_opponent(self.spec, config)
         # Perfect minimax on a small board: also play every line of perfect play (exact).
-        self.exhaustive = (isinstance(self.spec, GameSpec) and cfg.minimax_depth >= self.spec.n_cells
+        self.exhaustive = (isinstance(self.reference, Minimax) and self.reference.depth >= self.spec.n_cells
                            and self.spec.n_cells <= EXHAUSTIVE_MAX_CELLS)
         self._pairs: dict[tuple[str, str], MatchResult] = {}
         self._snapshots: dict[str, Player] = {}
@@ -403,17 +403,29 @@ def _flip(result: MatchResult) -> MatchResult:
 
 
 def reference_opponent(spec: Game, config: Config) -> Player:
-    """Minimax of `selfplay.minimax_depth` for the built-in games, OpenSpiel's MCTS of
-    `selfplay.mcts_simulations` for OpenSpiel's, a second uniform random player (`uniform`) for
-    any other game."""
-    seed = config.seed + 30_000
-    if isinstance(spec, GameSpec):
+    """`selfplay.reference`: minimax of `selfplay.minimax_depth` (the built-in games), OpenSpiel's
+    MCTS of `selfplay.mcts_simulations` (OpenSpiel's games), the game solved (`perfect`); `auto`
+    picks minimax or MCTS as the game allows, else a second uniform random player (`uniform`)."""
+    seed, kind = config.seed + 30_000, config.selfplay.reference
+    openspiel = getattr(spec, "openspiel", None) is not None
+    if kind == "auto":
+        kind = "minimax" if isinstance(spec, GameSpec) else "mcts" if openspiel else "uniform"
+    if kind == "perfect" and isinstance(spec, GameSpec):
+        return Minimax(spec, spec.n_cells, seed=seed)
+    if kind == "perfect":
+        from rlstack.envs.state_games import PerfectPlayer
+
+        return PerfectPlayer(spec, seed=seed)
+    if kind == "minimax" and isinstance(spec, GameSpec):
         return Minimax(spec, config.selfplay.minimax_depth, seed=seed)
-    if getattr(spec, "openspiel", None) is not None:
+    if kind == "mcts" and openspiel:
         from rlstack.envs.state_games import MCTSPlayer
 
         return MCTSPlayer(spec, config.selfplay.mcts_simulations, seed=seed)
-    return RandomPlayer(spec, name="uniform")
+    if kind == "uniform":
+        return RandomPlayer(spec, name="uniform")
+    raise ConfigError(f"selfplay.reference: {kind} does not play {spec.name} (minimax: the built-in games; "
+                      "mcts: OpenSpiel's; perfect: any small game)")
 
 
 def attach_selfplay(config: Config, envs: Any, out_dir: Path, policy_dir: Path, log: RunLogger,

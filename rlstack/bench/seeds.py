@@ -132,12 +132,14 @@ LEARNING_RUNS: dict[str, LearningRun] = {
         "alphazero_tictactoe",
         "tests/algorithms/test_alphazero.py::test_alphazero_tictactoe_never_loses_to_perfect_play_with_or_without_search",
         None, ("train.total_steps=20000",)),
-    # The same through OpenSpiel's tic_tac_toe (the generic game path: no board symmetries, no
-    # threat shortcut in the search); judged with and without search.
+    # The same through OpenSpiel's tic_tac_toe (the generic game path: no win-in-one shortcut in the
+    # search), evaluated against the solved game (`selfplay.reference: perfect`); judged with and
+    # without search (the test asserts the searching agent).
     "alphazero_openspiel_tictactoe": LearningRun(
         "alphazero_tictactoe",
         "tests/algorithms/test_alphazero.py::test_alphazero_on_openspiel_tictactoe_never_loses_to_perfect_play",
-        None, ("env.id=rlstack/Game-v0", "env.kwargs.game=openspiel:tic_tac_toe", "train.total_steps=20000"),
+        None, ("env.id=rlstack/Game-v0", "env.kwargs.game=openspiel:tic_tac_toe", "selfplay.reference=perfect",
+               "train.total_steps=20000"),
         game="openspiel:tic_tac_toe"),
 }
 
@@ -157,7 +159,7 @@ def _one(name: str, seed: int, extra: tuple[str, ...]) -> dict[str, Any]:
                        for opponent in ("perfect", "random") for sims in (0, 32)}
             row.update(result="; ".join(f"{'search 32' if sims else 'policy'} vs {opponent} W/D/L {r.wins}/{r.draws}/"
                                         f"{r.losses}" for (opponent, sims), r in results.items()),
-                       passed=all(r.losses == 0 for r in results.values()))
+                       passed=all(r.losses == 0 for (_, sims), r in results.items() if sims))
         elif run.min_return is None:
             perfect, random = tictactoe_match(out, "perfect"), tictactoe_match(out, "random")
             lines = tictactoe_every_line(out)
