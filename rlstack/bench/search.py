@@ -5,7 +5,7 @@ forced rows (one row per move of each leaf), same config, same process, alternat
 Plays the config's self-play (`train.games` games side by side, `train.simulations` per move) with
 its network freshly initialised and exported, until `--finished` games have ended, once per mode and
 repeat; prints each mode's graph calls per second and games per second (medians and ranges over
-the repeats) as JSON. The games differ between the modes only as far as the two evaluations differ
+the repeats, after a warm-up round of each) as JSON. The games differ between the modes only as far as the two evaluations differ
 in their last bits (tests/rlstack/test_priors.py).
 """
 
@@ -50,14 +50,16 @@ def main(argv: list[str]) -> int:
                                 device="cpu", fusion=False, config_hash="bench")
         policy = load_policy(version)
         modes = {"priors": policy, "forced_rows": Acting(policy.cell, policy.manifest, policy.path)}
-        for repeat in range(args.repeats):
+        for repeat in range(-1, args.repeats):  # -1: a warm-up round (compiles, first calls), not counted
             for mode, acting in modes.items():
                 games = SelfPlayGames(spec, acting_evaluator(acting), cfg.train.search_settings(), cfg.train.games,
-                                      cfg.train.temperature_moves, np.random.default_rng([cfg.seed, repeat]))
-                games.play(finished)
+                                      cfg.train.temperature_moves, np.random.default_rng([cfg.seed, repeat + 1]))
+                games.play(finished if repeat >= 0 else 1)
                 stats = games.stats()
-                samples[mode].append(stats)
-                print(f"{mode:12s} repeat {repeat}: {stats['graph_calls_per_second']:.0f} graph calls/s, "
+                if repeat >= 0:
+                    samples[mode].append(stats)
+                print(f"{mode:12s} {'warm-up' if repeat < 0 else f'repeat {repeat}'}: "
+                      f"{stats['graph_calls_per_second']:.0f} graph calls/s, "
                       f"{stats['games_per_second']:.2f} games/s ({stats['games']} games)", flush=True)
     rows = {}
     for mode, runs in samples.items():
