@@ -88,9 +88,8 @@ def test_alphazero_tictactoe_never_loses_to_perfect_play_with_or_without_search(
 
 # The same run through OpenSpiel's tic_tac_toe (`env.id: rlstack/Game-v0`, `env.kwargs.game:
 # openspiel:tic_tac_toe`): the generic game path, without the search's win-in-one shortcut,
-# evaluated against the solved game (`selfplay.reference: perfect`). The searching agent is judged
-# (the policy's own moves are reported by `python -m rlstack.bench seeds --runs
-# alphazero_openspiel_tictactoe`, which trains it from other seeds: docs/PERFORMANCE.md#your-own-game).
+# evaluated against the solved game (`selfplay.reference: perfect`); `python -m rlstack.bench seeds
+# --runs alphazero_openspiel_tictactoe` trains it from other seeds (docs/PERFORMANCE.md#your-own-game).
 
 @pytest.mark.learning
 @pytest.mark.timeout(900)
@@ -102,7 +101,8 @@ def test_alphazero_on_openspiel_tictactoe_never_loses_to_perfect_play(tmp_path):
     assert summary["total_steps"] >= 20_000
     # The evaluation played the solved game with the searching agent too.
     assert summary["selfplay/search"]["simulations"] == 32 and "vs_perfect" in summary["selfplay/search"]
-    perfect = tictactoe_match(tmp_path / "run", "perfect", game=run.game, search=32)
-    assert perfect.games == 100 and perfect.losses == 0, f"the searching agent lost to perfect play: {perfect}"
-    random = tictactoe_match(tmp_path / "run", "random", game=run.game, search=32)
-    assert random.losses == 0, f"the searching agent lost to the random player: {random}"
+    for search in (0, 32):  # the policy's own moves, and the agent searching on its graph
+        perfect = tictactoe_match(tmp_path / "run", "perfect", game=run.game, search=search)
+        assert perfect.games == 100 and perfect.losses == 0, f"search {search}: lost to perfect play: {perfect}"
+        random = tictactoe_match(tmp_path / "run", "random", game=run.game, search=search)
+        assert random.losses == 0, f"search {search}: lost to the random player: {random}"
