@@ -129,12 +129,17 @@ class NetConfig:
     """Orthogonal initialisation (gain sqrt(2) for hidden layers, 0.01 policy, 1 value), as SB3."""
     encoder: str = "auto"
     """What turns the observation into the heads' input, shared by every head: `mlp` (the flat
-    observation), `nature_cnn` (Atari frames), `minatar_cnn` (MinAtar planes), or `auto` (a conv
+    observation), `nature_cnn` (Atari frames), `minatar_cnn` (MinAtar planes), `resnet` (AlphaZero's
+    residual tower on a board game's planes: `blocks`, `channels`), or `auto` (a conv
     encoder for image observations by their size, `mlp` otherwise). Frames stay uint8 in storage
     and enter the graph as they are."""
     conv_form: str = "auto"
     """A conv encoder's convolutions: `matmul` (built from kernels fast on MindSpore's CPU),
     `native` (MindSpore's `nn.Conv2d`), `auto` (`matmul` on the CPU, `native` on Ascend and GPU)."""
+    blocks: int = 6
+    """`encoder: resnet` (a board game's planes): residual blocks of its tower."""
+    channels: int = 64
+    """`encoder: resnet`: channels of every 3x3 convolution of its tower."""
 
 
 @dataclass
@@ -343,7 +348,7 @@ _CHOICES = {
     "env.vector": ("sync", "async"),
     "env.vectorization": ("auto", "native", "per_env"),
     "net.activation": ("tanh", "relu", "elu", "gelu"),
-    "net.encoder": ("auto", "mlp", "nature_cnn", "minatar_cnn"),  # rlstack.encoders.ENCODERS, and auto
+    "net.encoder": ("auto", "mlp", "nature_cnn", "minatar_cnn", "resnet"),  # rlstack.encoders.ENCODERS, and auto
     "net.conv_form": ("auto", "native", "matmul"),  # rlstack.conv.FORMS
     "train.progress": ("auto", "bar", "log", "off"),
     "selfplay.opponents": ("latest", "uniform", "gated"),

@@ -7,6 +7,8 @@ vector every head reads, shared by all of them.
   stored as uint8) scaled inside the graph, then convolutions and a dense layer with ReLU
   (`rlstack.conv.ConvStack`: the fast CPU form, MindSpore's `nn.Conv2d` on Ascend and GPU). The
   exported graph takes the environment's own frames.
+- `BoardResNet` (`resnet`): AlphaZero's residual tower on a board game's planes, from the same conv
+  layers (`rlstack.conv.conv_layer`).
 
 `net.encoder: auto` (`resolve_encoder`) takes a conv encoder for image observations, `mlp` for
 every other.
@@ -22,7 +24,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Orthogonal, Zero
 
-from rlstack.conv import ConvStack
+from rlstack.conv import ConvStack, conv_layer, resolve_form
+from rlstack.kernels import columns
 from rlstack.spaces import flat_masked_space, image_layout, is_image_space
 
 
@@ -130,7 +133,69 @@ class MinAtarCNN(ConvEncoder):
     DENSE = 128
 
 
-ENCODERS: dict[str, type[nn.Cell]] = {"mlp": FlatEncoder, "nature_cnn": NatureCNN, "minatar_cnn": MinAtarCNN}
+class BoardResNet(nn.Cell):
+    """AlphaZero's residual tower (Silver et al. 2017/2018) on a board game's planes, `net.encoder:
+    resnet`: a 3x3 convolution to `channels`, `blocks` residual blocks (3x3, ReLU, 3x3, plus the
+    block's input, ReLU), then AlphaZero's head convolutions: 1x1 to 2 planes for the policy and
+    1x1 to 1 plane for the value, each with ReLU; the features are those 3 planes, flattened, on
+    which the heads' MLPs (`net.hidden`) follow. Every 3x3 convolution keeps the board's size
+    (one zero border, then a "valid" convolution of `rlstack.conv.conv_layer`: the fast CPU form, or
+    `nn.Conv2d` on Ascend and GPU).
+
+    It takes the flat (masked) observation of a game, whose first H*W*C entries are the planes
+    [H, W, C] of `MaskedBox.obs_shape` (PettingZoo's layout). What differs from AlphaZero: no batch
+    normalisation (its training and inference modes would make the acting graph compute something
+    other than the training graph; rlstack exports what it trains), and instead the second
+    convolution of every block starts at zero, so each block starts as the identity (Fixup, Zhang
+    et al. 2019); the policy and value planes both reach both heads' MLPs."""
+
+    frames = False
+
+    def __init__(self, obs_space: gym.Space, spec=None):
+        super().__init__()
+        shape = getattr(obs_space, "obs_shape", None)
+        if shape is None or len(shape) != 3:
+            raise ValueError(f"encoder 'resnet' needs a board game's observation (planes [H, W, C] and a "
+                             f"legal-move mask); got {obs_space}")
+        self.height, self.width, self.in_channels = (int(d) for d in shape)
+        self.plane_size = self.height * self.width * self.in_channels
+        blocks, channels = int(getattr(spec, "blocks", 6)), int(getattr(spec, "channels", 64))
+        if blocks < 0 or channels < 1:
+            raise ValueError(f"encoder 'resnet' needs net.blocks >= 0 and net.channels >= 1, got {blocks}, {channels}")
+        self.form = resolve_form(getattr(spec, "conv_form", "auto"))
+        self.nhwc = self.form == "matmul"  # the fast form keeps channels last; nn.Conv2d reads NCHW
+        fmt = {"in_format": "NHWC", "out_format": "NHWC"} if self.nhwc else {}
+        pad = ((0, 0), (1, 1), (1, 1), (0, 0)) if self.nhwc else ((0, 0), (0, 0), (1, 1), (1, 1))
+        self.pad = ops.Pad(pad)
+
+        def conv(cin: int, cout: int, kernel: int, zero: bool = False) -> nn.Cell:
+            init = {"weight_init": Zero(), "bias_init": Zero()} if zero else {}
+            return conv_layer(cin, cout, kernel, 1, form=self.form, **init, **(fmt if self.form == "matmul" else {}))
+
+        self.stem = conv(self.in_channels, channels, 3)
+        self.blocks = nn.CellList([nn.CellList([conv(channels, channels, 3), conv(channels, channels, 3, zero=True)])
+                                   for _ in range(blocks)])
+        self.policy_conv = conv(channels, 2, 1)
+        self.value_conv = conv(channels, 1, 1)
+        self.out_dim = 3 * self.height * self.width
+
+    def construct(self, x):
+        planes = columns(x, 0, self.plane_size).reshape(-1, self.height, self.width, self.in_channels)
+        if not self.nhwc:
+            planes = ops.transpose(planes, (0, 3, 1, 2))
+        y = ops.relu(self.stem(self.pad(planes)))
+        for block in self.blocks:
+            y = ops.relu(y + block[1](self.pad(ops.relu(block[0](self.pad(y))))))
+        p = ops.relu(self.policy_conv(y))
+        v = ops.relu(self.value_conv(y))
+        if self.nhwc:  # flattened in (C, H, W) order whichever form, as `ConvStack`: the same parameters
+            p, v = ops.transpose(p, (0, 3, 1, 2)), ops.transpose(v, (0, 3, 1, 2))
+        batch = y.shape[0]
+        return ops.concat((p.reshape(batch, -1), v.reshape(batch, -1)), 1)
+
+
+ENCODERS: dict[str, type[nn.Cell]] = {"mlp": FlatEncoder, "nature_cnn": NatureCNN, "minatar_cnn": MinAtarCNN,
+                                      "resnet": BoardResNet}
 """`net.encoder` -> the encoder class, built as `cls(obs_space, spec)` (the heads' MLPs follow it)."""
 
 NATURE_MIN_SIZE = 36

@@ -84,6 +84,10 @@ class NetSpec:
     conv_form: str = "auto"
     """A conv encoder's convolutions (`rlstack.conv.FORMS`): `auto` is the fast CPU form on the CPU
     and MindSpore's `nn.Conv2d` on Ascend and GPU."""
+    blocks: int = 6
+    """`encoder: resnet`: residual blocks of the tower (`rlstack.encoders.BoardResNet`)."""
+    channels: int = 64
+    """`encoder: resnet`: channels of the tower's 3x3 convolutions."""
     act_value: bool = True
     """`act` returns a value: V(s), max_a Q(s, a) or min_i Q_i(s, a). False: zeros. SAC acts
     without it: its twin critics cost most of its acting call (docs/PERFORMANCE.md#sac-acting)
@@ -94,7 +98,7 @@ class NetSpec:
         """The `net:` config section's settings (`rlstack.config.NetConfig`) plus an algorithm's heads."""
         return cls(hidden=tuple(net.hidden), activation=net.activation, normalize_obs=net.normalize_obs,
                    obs_clip=net.obs_clip, log_std_init=net.log_std_init, ortho_init=net.ortho_init,
-                   encoder=net.encoder, conv_form=net.conv_form, **heads)
+                   encoder=net.encoder, conv_form=net.conv_form, blocks=net.blocks, channels=net.channels, **heads)
 
 
 def copy_parameters(source: nn.Cell, destination: nn.Cell) -> None:

@@ -47,7 +47,7 @@ def test_auto_takes_a_conv_encoder_for_frames_by_their_size_and_mlp_otherwise():
     assert obs_dtype_of(MINATAR) == np.uint8 and obs_dtype_of(gym.spaces.Box(-1, 1, (4,))) == np.float32
     # the config's list of names is the registry's (config.py does not import MindSpore)
     with pytest.raises(ConfigError) as refused:
-        load_config(None, ["net.encoder=resnet"])
+        load_config(None, ["net.encoder=transformer"])
     listed = str(refused.value).split("valid values: ")[1]
     assert set(listed.split(", ")) == {"auto", *ENCODERS}, refused.value
 
@@ -119,5 +119,72 @@ def test_conv_encoders_refuse_what_they_cannot_take():
         Network(gym.spaces.Box(-1, 1, (4,), np.float32), ACTIONS, NetSpec(encoder="nature_cnn"))
     with pytest.raises(ValueError, match="normalize_obs"):
         Network(ATARI, ACTIONS, NetSpec(encoder="auto", normalize_obs=True))
-    with pytest.raises(ValueError, match="unknown encoder 'resnet'"):
-        Network(ATARI, ACTIONS, NetSpec(encoder="resnet"))
+    with pytest.raises(ValueError, match="unknown encoder 'transformer'"):
+        Network(ATARI, ACTIONS, NetSpec(encoder="transformer"))
+
+
+# ----- the residual board tower (net.encoder: resnet) ----------------------------------------------
+
+def _board_positions(game, n, plies, seed=0):
+    p = game.positions(n)
+    rng = np.random.default_rng(seed)
+    for _ in range(plies):
+        live = np.flatnonzero(~p.over)
+        mask = p.legal_mask(live)
+        p.play(np.where(mask, rng.random(mask.shape), -1.0).argmax(1), live)
+    return p.flat_obs()
+
+
+@pytest.mark.parametrize("name", ["connect4", "openspiel:othello"])
+def test_the_resnet_tower_computes_the_same_in_both_conv_forms_and_keeps_the_board_size(name):
+    from rlstack.envs.games import game_spec
+
+    game = game_spec(name)
+    space, actions = game.flat_space(), gym.spaces.Discrete(game.n_actions)
+    nets = {form: Network(space, actions, NetSpec(hidden=(32,), encoder="resnet", blocks=2, channels=8,
+                                                  conv_form=form)) for form in ("matmul", "native")}
+    h, w, _ = space.obs_shape
+    assert nets["matmul"].encoder.out_dim == 3 * h * w  # AlphaZero's 2 policy planes and 1 value plane
+    rng = np.random.default_rng(0)
+    for param, twin in zip(nets["native"].get_parameters(), nets["matmul"].get_parameters(), strict=True):
+        assert param.name == twin.name and param.shape == twin.shape
+        value = (0.2 * rng.standard_normal(param.shape)).astype(np.float32)
+        param.set_data(Tensor(value))
+        twin.set_data(Tensor(value.copy()))
+    obs = _board_positions(game, 16, 6)
+    fast, native = _act(nets["matmul"], obs), _act(nets["native"], obs)
+    assert np.array_equal(fast[0], native[0])
+    for a, b in zip(fast[1:], native[1:], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_fresh_resnet_block_is_the_identity_and_the_tower_refuses_flat_observations():
+    from rlstack.envs.games import CONNECT_FOUR
+
+    net = Network(CONNECT_FOUR.flat_space(), gym.spaces.Discrete(7), NetSpec(encoder="resnet", blocks=1, channels=4))
+    second = net.encoder.blocks[0][1]
+    assert not second.weight.asnumpy().any() and not second.bias.asnumpy().any()  # Fixup: starts at zero
+    with pytest.raises(ValueError, match="needs a board game's observation"):
+        Network(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), NetSpec(encoder="resnet"))
+
+
+def test_alphazero_trains_and_exports_a_resnet_with_its_priors_entry_point(tmp_path):
+    from rlstack.trainer import Trainer
+
+    cfg = load_config("alphazero_tictactoe", ["net.encoder=resnet", "net.blocks=1", "net.channels=8",
+                                               "train.total_steps=600", "train.games=16", "train.games_per_update=16",
+                                               "train.simulations=4", "train.gradient_steps=4", "train.batch_size=32",
+                                               "selfplay.eval_games=4", "selfplay.elo_games=2", "selfplay.eval_search=0",
+                                               "env.eval_episodes=2", "train.progress=off"])
+    summary = Trainer(cfg, tmp_path / "run").train()
+    assert summary["updates"] >= 2
+    policy = load_policy(tmp_path / "run")
+    manifest = json.loads((policy.path / MANIFEST_FILE).read_text())
+    assert manifest["encoder"]["name"] == "resnet" and "priors" in manifest["entry_points"]
+    from rlstack.envs.games import TICTACTOE
+
+    obs = _board_positions(TICTACTOE, 8, 2)
+    logp_all, value = policy.priors(obs)
+    result = policy.run(obs, np.zeros((8, 9), np.float32))
+    np.testing.assert_allclose(logp_all[np.arange(8), result.action], result.logp, atol=1e-6)
+    np.testing.assert_allclose(value, result.value, atol=1e-6)
