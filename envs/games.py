@@ -135,7 +135,8 @@ _ALIASES = {"tic_tac_toe": "tictactoe", "tic-tac-toe": "tictactoe", "ttt": "tict
 
 def game_spec(name: Any) -> Game:
     """A game from its name: `tictactoe` or `connect4` (a few spellings accepted: their GameSpec),
-    `openspiel:<name>(<params>)` (an OpenSpiel game), `module:attribute` (your own: a `Game`, or
+    `openspiel:<name>(<params>)` (an OpenSpiel game), `pettingzoo:<module>` (a PettingZoo classic
+    AEC env, e.g. `pettingzoo:classic.connect_four_v3`), `module:attribute` (your own: a `Game`, or
     a callable returning one); a `Game` object is returned as it is."""
     if hasattr(name, "positions"):
         return name
@@ -144,14 +145,18 @@ def game_spec(name: Any) -> Game:
         from rlstack.envs.state_games import openspiel_game
 
         return openspiel_game(text.removeprefix("openspiel:"))
+    if text.startswith("pettingzoo:"):
+        from rlstack.envs.state_games import pettingzoo_game
+
+        return pettingzoo_game(text.removeprefix("pettingzoo:"))
     if ":" in text:
         from rlstack.envs.state_games import imported_game
 
         return imported_game(text)
     key = _ALIASES.get(text.lower(), text.lower())
     if key not in GAMES:
-        raise ValueError(f"unknown game '{name}'; expected one of: {', '.join(GAMES)}, openspiel:<name>(<params>) "
-                         "or module:attribute")
+        raise ValueError(f"unknown game '{name}'; expected one of: {', '.join(GAMES)}, openspiel:<name>(<params>), "
+                         "pettingzoo:<module> or module:attribute")
     return GAMES[key]
 
 

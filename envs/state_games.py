@@ -1,5 +1,6 @@
 """Any two-player, zero-sum, perfect-information game with alternating moves, for search and
-self-play: OpenSpiel's games (`openspiel:<name>(<params>)`) and your own.
+self-play: OpenSpiel's games (`openspiel:<name>(<params>)`), PettingZoo's classic AEC envs
+(`pettingzoo:classic.connect_four_v3`: copied for search attribute by attribute) and your own.
 
 A game is given as a factory of one-game states with OpenSpiel's `State` API (the seven methods
 of `TurnState`); pyspiel's states have them, and a game of your own needs only those. `StateGame`
@@ -20,6 +21,7 @@ board games). Othello's pass is a move of its own in OpenSpiel, so its players a
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -62,7 +64,8 @@ class StateGame:
     """A game from a factory of initial states (`Game` of rlstack/envs/games.py).
 
     `name`: how logs and errors name it; `n_actions`: the number of distinct moves (a move is an
-    integer 0..n_actions-1); `obs_shape`: the shape of `observation_tensor`'s values (3-D: [C, H, W]);
+    integer 0..n_actions-1); `obs_shape`: the shape of `observation_tensor`'s values (3-D: [C, H, W],
+    or [H, W, C] with `channels_first=False`);
     `symmetries`: permutations of the flat observation and of the moves under which the rules are
     the same (`rlstack.envs.symmetry.grid_symmetries`), for training on every symmetry of a position.
     """
@@ -70,14 +73,17 @@ class StateGame:
     move_word = "move"
 
     def __init__(self, name: str, new_state: Callable[[], TurnState], n_actions: int, obs_shape: Sequence[int],
-                 openspiel: Any = None, symmetries: tuple[np.ndarray, np.ndarray] | None = None):
+                 openspiel: Any = None, symmetries: tuple[np.ndarray, np.ndarray] | None = None,
+                 channels_first: bool = True):
         self.name, self.new_state, self.n_actions = name, new_state, int(n_actions)
         self.openspiel = openspiel
-        self._symmetries = symmetries
         """The `pyspiel.Game` of an OpenSpiel game (its `MCTSBot` opponent), else None."""
+        self._symmetries = symmetries
         self.tensor_shape = tuple(int(d) for d in obs_shape)
         shape = self.tensor_shape
-        self.obs_shape = (shape[1], shape[2], shape[0]) if len(shape) == 3 else shape
+        # a 3-D tensor given channels first (OpenSpiel's layout) is moved channels last
+        self.transpose = len(shape) == 3 and channels_first
+        self.obs_shape = (shape[1], shape[2], shape[0]) if self.transpose else shape
         self.obs_size = int(np.prod(shape))
         self.initial = new_state()
         if self.initial.current_player() != 0:
@@ -116,7 +122,7 @@ class StateGame:
         if tensor.size != self.obs_size:
             raise GameError(f"{self.name}: observation_tensor has {tensor.size} values, obs_shape "
                             f"{self.tensor_shape} needs {self.obs_size}")
-        if len(self.tensor_shape) == 3:
+        if self.transpose:
             tensor = tensor.reshape(self.tensor_shape).transpose(1, 2, 0)
         return tensor.reshape(-1)
 
@@ -292,6 +298,88 @@ class MCTSPlayer:
 
     def act_positions(self, positions: StatePositions, rng: np.random.Generator) -> np.ndarray:
         return np.array([self.bot.step(state) for state in positions.states], np.int64)
+
+
+class PettingZooState:
+    """A PettingZoo classic AEC env as one game's state (`TurnState`): the players are its
+    `possible_agents` in order, a move is `step`, a copy is a deep copy of the env (`_copy_env`; about
+    0.2 ms for Connect Four, where an OpenSpiel state clones in 1.4 us: a search is slower on it),
+    the returns are its rewards summed, the observation is `observe(agent)["observation"]` and the
+    legal moves its `action_mask`."""
+
+    def __init__(self, env: Any, returns: list[float] | None = None):
+        self.env = env
+        self.agents = list(env.possible_agents)
+        self._returns = [0.0] * len(self.agents) if returns is None else returns
+
+    def current_player(self) -> int:
+        return -4 if self.is_terminal() else self.agents.index(self.env.agent_selection)
+
+    def legal_actions(self) -> list[int]:
+        mask = self.env.observe(self.env.agent_selection)["action_mask"]
+        return np.flatnonzero(np.asarray(mask)).tolist()
+
+    def apply_action(self, action: int) -> None:
+        self.env.step(int(action))
+        for i, agent in enumerate(self.agents):
+            self._returns[i] += float(self.env.rewards.get(agent, 0.0))
+
+    def is_terminal(self) -> bool:
+        env = self.env
+        return any(env.terminations.get(a, False) or env.truncations.get(a, False) for a in self.agents)
+
+    def returns(self) -> list[float]:
+        return list(self._returns)
+
+    def clone(self) -> PettingZooState:
+        return PettingZooState(_copy_env(self.env), list(self._returns))
+
+    def observation_tensor(self, player: int) -> np.ndarray:
+        return np.asarray(self.env.observe(self.agents[player])["observation"], np.float32).reshape(-1)
+
+    def __str__(self) -> str:
+        board = np.asarray(self.env.observe(self.agents[0])["observation"])
+        if board.ndim != 3:
+            return str(board)
+        marks = np.full(board.shape[:2], ".", object)
+        for plane, mark in zip(range(min(2, board.shape[2])), "XO", strict=False):
+            marks[board[..., plane] > 0] = mark
+        return "\n".join(" ".join(row) for row in marks)
+
+
+def _copy_env(env: Any, memo: dict | None = None) -> Any:
+    """A deep copy of a PettingZoo env and its wrappers, attribute by attribute: PettingZoo's envs are
+    `EzPickle`, so `copy.deepcopy` (through pickling) would build a fresh env from the constructor's
+    arguments and lose the game in progress."""
+    memo = {} if memo is None else memo
+    new = object.__new__(type(env))
+    for key, value in vars(env).items():
+        inner = key == "env" and hasattr(value, "agent_selection")
+        setattr(new, key, _copy_env(value, memo) if inner else copy.deepcopy(value, memo))
+    return new
+
+
+def pettingzoo_game(module: str) -> StateGame:
+    """PettingZoo's AEC env module `module` (`classic.connect_four_v3`, or a full module path) as a
+    `StateGame`; its `env()` is built and reset once, and every position copies it."""
+    path = module if module.startswith("pettingzoo.") else f"pettingzoo.{module}"
+    try:
+        env = importlib.import_module(path).env()
+    except (ImportError, AttributeError) as err:
+        raise GameError(f"pettingzoo:{module}: {err}") from None
+    env.reset(seed=0)
+    agents = list(env.possible_agents)
+    if len(agents) != 2:
+        raise GameError(f"pettingzoo:{module} has {len(agents)} agents; search and self-play play two-player games")
+    first = env.agent_selection
+    if first != agents[0]:
+        raise GameError(f"pettingzoo:{module}: the first to move is {first}, not possible_agents[0]")
+    space = env.observation_space(first)
+    if not hasattr(space, "spaces") or "action_mask" not in space.spaces:
+        raise GameError(f"pettingzoo:{module}: its observations have no action_mask; a search needs the legal moves")
+    initial = PettingZooState(env)
+    return StateGame(f"pettingzoo:{module}", initial.clone, int(env.action_space(first).n),
+                     space["observation"].shape, channels_first=False)
 
 
 def imported_game(path: str) -> Any:

@@ -113,13 +113,17 @@ def test_openspiel_games_search_cannot_play_are_refused_naming_why(name):
         game_spec("openspiel:no_such_game")
 
 
-@pytest.mark.parametrize("name, builtin", [("tic_tac_toe", TICTACTOE), ("connect_four", CONNECT_FOUR)])
-def test_openspiel_rules_match_the_builtin_games_over_random_games(name, builtin):
-    """The same moves in OpenSpiel's game and the built-in one: the same legal moves, finished
-    games, winners and results at every ply, and copies that go on by themselves."""
-    game = game_spec(f"openspiel:{name}")
+@pytest.mark.parametrize("name, builtin", [("openspiel:tic_tac_toe", TICTACTOE), ("openspiel:connect_four", CONNECT_FOUR),
+                                           ("pettingzoo:classic.tictactoe_v3", TICTACTOE),
+                                           ("pettingzoo:classic.connect_four_v3", CONNECT_FOUR)])
+def test_openspiel_and_pettingzoo_rules_match_the_builtin_games_over_random_games(name, builtin):
+    """The same moves in OpenSpiel's (PettingZoo's) game and the built-in one: the same legal
+    moves, finished games, winners and results at every ply, and copies that go on by themselves
+    (a PettingZoo env is copied attribute by attribute: pickling it would rebuild a fresh game)."""
+    game = game_spec(name)
+    n = 200 if name.startswith("openspiel") else 40
     assert game.n_actions == builtin.n_actions
-    ours, theirs = builtin.positions(200), game.positions(200)
+    ours, theirs = builtin.positions(n), game.positions(n)
     rng = np.random.default_rng(0)
     while not ours.over.all():
         assert np.array_equal(ours.legal_mask(), theirs.legal_mask())
@@ -131,9 +135,18 @@ def test_openspiel_rules_match_the_builtin_games_over_random_games(name, builtin
         for key in ("over", "winner", "to_move", "n_moves"):
             assert np.array_equal(getattr(ours, key), getattr(theirs, key)), key
         assert np.array_equal(ours.result_for(0), theirs.result_for(0))
-    assert set(ours.winner.tolist()) == {-1, 0, 1} if name == "tic_tac_toe" else {0, 1} <= set(ours.winner.tolist())
-    restored = pickle.loads(pickle.dumps(theirs.take(np.arange(5))))  # how a checkpoint holds games
-    assert np.array_equal(restored.flat_obs(), theirs.flat_obs(np.arange(5)))
+        if name.startswith("pettingzoo"):  # PettingZoo's observation is the built-in games' own
+            assert np.array_equal(ours.flat_obs(), theirs.flat_obs())
+        if ours.n_moves.max() == 3:  # copies mid-game go on from where they were
+            copy = theirs.take(np.arange(3))
+            assert np.array_equal(copy.flat_obs(), theirs.flat_obs(np.arange(3)))  # not a fresh game
+            live = np.flatnonzero(~copy.over)
+            copy.play(copy.legal_mask(live).argmax(1), live)
+            assert np.array_equal(copy.n_moves[live], theirs.n_moves[live] + 1)
+    assert {0, 1} <= set(ours.winner.tolist())
+    if name.startswith("openspiel"):
+        restored = pickle.loads(pickle.dumps(theirs.take(np.arange(5))))  # how a checkpoint holds games
+        assert np.array_equal(restored.flat_obs(), theirs.flat_obs(np.arange(5)))
 
 
 def test_openspiel_observations_are_the_movers_tensor_in_pettingzoo_layout_then_the_mask():
