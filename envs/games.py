@@ -342,6 +342,18 @@ class Boards:
         return "\n".join(lines)
 
 
+def play_random(positions: Positions, plies: int, rng: np.random.Generator) -> Positions:
+    """`plies` uniformly random legal moves in every game of `positions` still going (in place, a
+    game that ends stops); returns `positions`."""
+    for _ in range(plies):
+        live = np.flatnonzero(~positions.over)
+        if not len(live):
+            break
+        mask = positions.legal_mask(live)
+        positions.play(np.where(mask, rng.random(mask.shape), -1.0).argmax(1), live)
+    return positions
+
+
 def boards_from_planes(spec: GameSpec, planes: np.ndarray) -> Boards:
     """Rebuild games from mover-perspective planes [n, rows, cols, 2] (e.g. an observation).
 

@@ -121,17 +121,25 @@ class Acting:
         """
         if self._key is not None:
             self._follow()
-        obs = np.ascontiguousarray(obs, self.obs_dtype)
-        noise = np.ascontiguousarray(noise, np.float32)
         n = len(obs)
-        size = max(n, rows or 0)
-        size += -size % self.batch_rows
-        if size > n:
-            obs = np.concatenate([obs, np.zeros((size - n, *obs.shape[1:]), self.obs_dtype)])
-            noise = np.concatenate([noise, np.zeros((size - n, *noise.shape[1:]), np.float32)])
+        obs, noise = self._padded(rows, (obs, self.obs_dtype), (noise, np.float32))
         # from_numpy: the graph reads the arrays in place (the call returns after it ran)
         action, logp, value = (_numpy(x)[:n] for x in self.call(Tensor.from_numpy(obs), Tensor.from_numpy(noise)))
         return ActResult(action, logp, value)
+
+    def _padded(self, rows: int | None, *arrays: tuple[np.ndarray, Any]) -> list[np.ndarray]:
+        """Each (array, dtype) contiguous in its dtype, zero rows appended up to `rows` and to whole
+        blocks of `batch_rows`."""
+        n = len(arrays[0][0])
+        size = max(n, rows or 0)
+        size += -size % self.batch_rows
+        out = []
+        for array, dtype in arrays:
+            array = np.ascontiguousarray(array, dtype)
+            if size > n:
+                array = np.concatenate([array, np.zeros((size - n, *array.shape[1:]), dtype)])
+            out.append(array)
+        return out
 
     __call__ = run
 
@@ -147,12 +155,8 @@ class Acting:
                                 "categorical policy with a value head)")
         if self._key is not None:
             self._follow()
-        obs = np.ascontiguousarray(obs, self.obs_dtype)
         n = len(obs)
-        size = max(n, rows or 0)
-        size += -size % self.batch_rows
-        if size > n:
-            obs = np.concatenate([obs, np.zeros((size - n, *obs.shape[1:]), self.obs_dtype)])
+        (obs,) = self._padded(rows, (obs, self.obs_dtype))
         logp_all, value = (_numpy(x)[:n] for x in self._priors_call(Tensor.from_numpy(obs)))
         return logp_all, value
 

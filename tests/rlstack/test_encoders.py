@@ -16,6 +16,7 @@ from rlstack.acting import Acting, load_policy
 from rlstack.artifact import MANIFEST_FILE, export_policy
 from rlstack.config import ConfigError, load_config
 from rlstack.encoders import ENCODERS, resolve_encoder
+from rlstack.envs.games import play_random
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.spaces import image_layout, obs_dtype_of
 
@@ -125,14 +126,10 @@ def test_conv_encoders_refuse_what_they_cannot_take():
 
 # ----- the residual board tower (net.encoder: resnet) ----------------------------------------------
 
-def _board_positions(game, n, plies, seed=0):
-    p = game.positions(n)
-    rng = np.random.default_rng(seed)
-    for _ in range(plies):
-        live = np.flatnonzero(~p.over)
-        mask = p.legal_mask(live)
-        p.play(np.where(mask, rng.random(mask.shape), -1.0).argmax(1), live)
-    return p.flat_obs()
+def _positions(game, n, plies, seed=0):
+    """Flat observations of the games still going after `plies` random moves."""
+    p = play_random(game.positions(n), plies, np.random.default_rng(seed))
+    return p.flat_obs(np.flatnonzero(~p.over))
 
 
 @pytest.mark.parametrize("name", ["connect4", "openspiel:othello"])
@@ -151,7 +148,7 @@ def test_the_resnet_tower_computes_the_same_in_both_conv_forms_and_keeps_the_boa
         value = (0.2 * rng.standard_normal(param.shape)).astype(np.float32)
         param.set_data(Tensor(value))
         twin.set_data(Tensor(value.copy()))
-    obs = _board_positions(game, 16, 6)
+    obs = _positions(game, 16, 6)
     fast, native = _act(nets["matmul"], obs), _act(nets["native"], obs)
     assert np.array_equal(fast[0], native[0])
     for a, b in zip(fast[1:], native[1:], strict=True):
@@ -183,7 +180,7 @@ def test_alphazero_trains_and_exports_a_resnet_with_its_priors_entry_point(tmp_p
     assert manifest["encoder"]["name"] == "resnet" and "priors" in manifest["entry_points"]
     from rlstack.envs.games import TICTACTOE
 
-    obs = _board_positions(TICTACTOE, 8, 2)
+    obs = _positions(TICTACTOE, 8, 2)
     logp_all, value = policy.priors(obs)
     result = policy.run(obs, np.zeros((8, 9), np.float32))
     np.testing.assert_allclose(logp_all[np.arange(8), result.action], result.logp, atol=1e-6)

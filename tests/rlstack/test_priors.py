@@ -12,7 +12,7 @@ import pytest
 
 from rlstack.acting import Acting, load_policy
 from rlstack.artifact import PRIORS_FILE, ArtifactError, export_policy
-from rlstack.envs.games import CONNECT_FOUR, game_spec
+from rlstack.envs.games import CONNECT_FOUR, game_spec, play_random
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.search import FORCE, policy_value
 
@@ -26,12 +26,8 @@ def _export(game, tmp_path, hidden=(64, 64)):
 
 
 def _positions(game, n, plies, seed=0):
-    p = game.positions(n)
-    rng = np.random.default_rng(seed)
-    for _ in range(plies):
-        live = np.flatnonzero(~p.over)
-        mask = p.legal_mask(live)
-        p.play(np.where(mask, rng.random(mask.shape), -1.0).argmax(1), live)
+    """Flat observations of the games still going after `plies` random moves."""
+    p = play_random(game.positions(n), plies, np.random.default_rng(seed))
     return p.flat_obs(np.flatnonzero(~p.over))
 
 
