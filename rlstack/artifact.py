@@ -196,12 +196,14 @@ def resolve_version_dir(path: str | Path) -> Path:
 
 
 def version_files(path: str | Path) -> dict[str, bytes]:
-    """One version's files as bytes (manifest and graph), to send where the run directory is
-    not: the receiver writes them with `write_version` and loads them with `load_graph`, which
-    verifies the sha256 the manifest records, as for a version read from disk."""
+    """One version's files as bytes (manifest, graph and its further entry points' graphs), to
+    send where the run directory is not: the receiver writes them with `write_version` and loads
+    them with `load_graph`, which verifies the sha256 the manifest records, as for a version read
+    from disk."""
     version_dir = resolve_version_dir(path)
     manifest = read_manifest(version_dir)
-    names = (MANIFEST_FILE, manifest["graph_file"])
+    names = (MANIFEST_FILE, manifest["graph_file"],
+             *(entry["graph_file"] for entry in manifest.get("entry_points", {}).values()))
     try:
         return {name: (version_dir / name).read_bytes() for name in names}
     except OSError as err:
@@ -210,7 +212,7 @@ def version_files(path: str | Path) -> dict[str, bytes]:
 
 def write_version(files: dict[str, bytes], dest: str | Path) -> Path:
     """Write a version sent as `version_files` to `dest` (a new directory, written atomically)."""
-    allowed = {MANIFEST_FILE, GRAPH_FILE}
+    allowed = {MANIFEST_FILE, GRAPH_FILE, PRIORS_FILE}
     if set(files) - allowed or MANIFEST_FILE not in files:
         raise ArtifactError(f"a policy version is sent as {', '.join(sorted(allowed))}; got {', '.join(sorted(files))}")
     with atomic_directory(dest) as tmp:

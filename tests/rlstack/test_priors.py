@@ -107,3 +107,18 @@ def test_a_corrupt_priors_graph_is_refused_and_other_policies_have_none(tmp_path
     assert not policy.has_priors
     with pytest.raises(ArtifactError, match="no priors entry point"):
         policy.priors(np.zeros((1, 4), np.float32))
+
+
+def test_a_version_sent_elsewhere_carries_its_priors_graph(tmp_path):
+    """Actors on Ray receive a version as bytes (`version_files`, `write_version`): the priors
+    graph travels with the acting graph and is verified where it lands."""
+    from rlstack.artifact import version_files, write_version
+
+    _, version = _export(CONNECT_FOUR, tmp_path)
+    files = version_files(version)
+    assert PRIORS_FILE in files
+    landed = load_policy(write_version(files, tmp_path / "elsewhere"))
+    assert landed.has_priors
+    obs = _positions(CONNECT_FOUR, 4, 2)
+    for a, b in zip(landed.priors(obs), load_policy(version).priors(obs), strict=True):
+        assert np.array_equal(a, b)
