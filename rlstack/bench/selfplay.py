@@ -96,10 +96,10 @@ def opponents(spec: Any, depths: list[int], mcts: list[int]) -> dict[str, Any]:
 
 
 def evaluate(out: Path, game: str, games: int, depths: list[int], search: int, mcts: list[int] | None = None,
-             elo_games: int = 0) -> dict[str, Any]:
-    """The exported agent (argmax moves; and searching `search` simulations) against random and
-    the reference opponents (`opponents`), `games` games each, seats alternating; with
-    `elo_games`, the opponents' pairs too and an Elo table of everyone."""
+             elo_games: int = 0, policy_matches: bool = True) -> dict[str, Any]:
+    """The exported agent (argmax moves unless not `policy_matches`; and searching `search`
+    simulations) against random and the reference opponents (`opponents`), `games` games each,
+    seats alternating; with `elo_games`, the opponents' pairs too and an Elo table of everyone."""
     import numpy as np
 
     from rlstack.envs.games import game_spec
@@ -109,7 +109,7 @@ def evaluate(out: Path, game: str, games: int, depths: list[int], search: int, m
 
     spec = game_spec(game)
     policy = load_player(out, spec, sample=False)  # the exported graph
-    agents = {"policy": policy}
+    agents = {"policy": policy} if policy_matches or not search else {}
     if search:
         agents[f"search{search}"] = SearchPlayer(policy.acting, spec, search)
     others = opponents(spec, depths, mcts or [])
@@ -136,7 +136,8 @@ def evaluate(out: Path, game: str, games: int, depths: list[int], search: int, m
 
 
 def _one(config: str, out: str, seed: int | None, overrides: list[str], game: str | None, games: int,
-         depths: list[int], search: int, eval_only: bool, mcts: list[int], elo_games: int) -> dict[str, Any]:
+         depths: list[int], search: int, eval_only: bool, mcts: list[int], elo_games: int,
+         policy_matches: bool = True) -> dict[str, Any]:
     from rlstack.config import load_config
     from rlstack.envs.games import env_game
     from rlstack.runtime import configure
@@ -149,7 +150,7 @@ def _one(config: str, out: str, seed: int | None, overrides: list[str], game: st
     if game is None:  # the config's game
         cfg = load_config(config, overrides)
         game = env_game(cfg.env.id, cfg.env.kwargs)
-    result.update(evaluate(Path(out), game, games, depths, search, mcts, elo_games))
+    result.update(evaluate(Path(out), game, games, depths, search, mcts, elo_games, policy_matches))
     targets = TARGETS.get(Path(config).stem, {})
     if targets:
         result["targets"] = targets
@@ -179,6 +180,9 @@ def main(argv: list[str]) -> int:
                         help="games per pair of opponents for the Elo table (0: no table; default 20)")
     parser.add_argument("--search", type=int, default=0, metavar="N",
                         help="also evaluate the agent searching N simulations per move (default 0: off)")
+    parser.add_argument("--no-policy", action="store_true",
+                        help="with --search: play only the searching agent, not the policy's own moves "
+                             "(each match against MCTS of 1,000 simulations takes minutes)")
     parser.add_argument("--eval-only", action="store_true", help="evaluate the policies already in --out")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.total_steps=200000")
     args = parser.parse_args(argv)
@@ -192,7 +196,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out or f"runs/bench_selfplay_{Path(config).stem}_{time.strftime('%Y%m%d-%H%M%S')}")
     outs = [out] if len(seeds) == 1 else [out / f"seed{s}" for s in seeds]
     jobs = [(config, str(o), s, args.overrides, game, args.games, depths, args.search, args.eval_only, mcts,
-             args.elo_games) for o, s in zip(outs, seeds, strict=True)]
+             args.elo_games, not args.no_policy) for o, s in zip(outs, seeds, strict=True)]
     start = time.perf_counter()
     if args.jobs > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(min(args.jobs, len(jobs))) as pool:
