@@ -121,22 +121,56 @@ def load_player(path: str | Path, spec: Game, sample: bool = True) -> PolicyPlay
 
 
 def make_player(spec: Game, what: str, seed: int | None = None, sample: bool = True) -> Player:
-    """`random`, `minimax` / `minimax:D` (depth D, default 2), `perfect`, or a policy path."""
+    """A player by name: `random`; `minimax` / `minimax:D` (depth D, default 2: the built-in games,
+    and OpenSpiel's with their rules); `mcts` / `mcts:N` (OpenSpiel's MCTSBot of N simulations,
+    default 100: OpenSpiel's games); `perfect` (the game solved: small games); or a policy path."""
+    kind, _, number = what.partition(":")
     if what == "random":
         return RandomPlayer(spec)
-    if not isinstance(spec, GameSpec) and (what == "perfect" or what.startswith("minimax")):
-        raise ValueError(f"opponent '{what}': minimax plays the built-in k-in-a-row games only, not {spec.name}")
+    if kind in ("minimax", "mcts"):
+        default = 2 if kind == "minimax" else 100
+        if number and not number.isdigit():
+            raise ValueError(f"opponent '{what}': expected {kind}:N with an integer N, e.g. {kind}:{default}")
+        build = _minimax if kind == "minimax" else _mcts
+        return build(spec, int(number or default), seed)
     if what == "perfect":
-        return Minimax(spec, spec.n_cells, seed)
-    if what.startswith("minimax"):
-        _, _, depth = what.partition(":")
-        if depth and not depth.isdigit():
-            raise ValueError(f"opponent '{what}': expected minimax:DEPTH with an integer depth, e.g. minimax:2")
-        return Minimax(spec, int(depth or 2), seed)
+        if isinstance(spec, GameSpec):
+            return Minimax(spec, spec.n_cells, seed)
+        from rlstack.envs.state_games import PerfectPlayer
+
+        return PerfectPlayer(spec, seed=seed)
     if Path(what).exists():
         return load_player(what, spec, sample)
-    raise ValueError(f"opponent '{what}' is not 'random', 'minimax[:DEPTH]', 'perfect' or an existing "
-                     "policy path (run dir, policy/ dir or version dir)")
+    raise ValueError(f"opponent '{what}' is not 'random', 'minimax[:DEPTH]', 'mcts[:SIMULATIONS]', 'perfect' or "
+                     "an existing policy path (run dir, policy/ dir or version dir)")
+
+
+def _minimax(spec: Game, depth: int, seed: int | None) -> Player:
+    from rlstack.envs.state_games import BUILTIN_RULES, OnBuiltinBoards
+
+    if isinstance(spec, GameSpec):
+        return Minimax(spec, depth, seed)
+    if spec.name in BUILTIN_RULES:
+        builtin = game_spec(BUILTIN_RULES[spec.name])
+        return OnBuiltinBoards(Minimax(builtin, depth, seed), builtin)
+    raise ValueError(f"opponent 'minimax': minimax plays the built-in k-in-a-row games (and OpenSpiel's "
+                     f"{' and '.join(BUILTIN_RULES)}), not {spec.name}")
+
+
+def _mcts(spec: Game, simulations: int, seed: int | None) -> Player:
+    from rlstack.envs.state_games import MCTSPlayer
+
+    if getattr(spec, "openspiel", None) is None:
+        raise ValueError(f"opponent 'mcts': OpenSpiel's MCTS plays OpenSpiel's games (openspiel:<name>), "
+                         f"not {spec.name}")
+    return MCTSPlayer(spec, simulations, seed=seed)
+
+
+def minimax_plays(spec: Game) -> bool:
+    """Whether the project's minimax plays `spec` (the built-in games, and OpenSpiel's with their rules)."""
+    from rlstack.envs.state_games import BUILTIN_RULES
+
+    return isinstance(spec, GameSpec) or spec.name in BUILTIN_RULES
 
 
 @dataclass(frozen=True)

@@ -429,3 +429,27 @@ class PerfectPlayer:
 
     def act_positions(self, positions: StatePositions, rng: np.random.Generator) -> np.ndarray:
         return np.array([self.rng.choice(self.best_moves(s)) for s in positions.states], np.int64)
+
+
+BUILTIN_RULES = {"openspiel:tic_tac_toe": "tictactoe", "openspiel:connect_four": "connect4"}
+"""OpenSpiel's games whose moves and rules are a built-in game's (tests/envs/test_state_games.py):
+the project's minimax plays them too (`OnBuiltinBoards`)."""
+
+
+class OnBuiltinBoards:
+    """A built-in game's player (minimax) on an OpenSpiel game with the same rules: each position
+    is rebuilt on the built-in boards from the OpenSpiel state's move history."""
+
+    def __init__(self, player: Any, builtin: Any):
+        self.player, self.builtin, self.name = player, builtin, player.name
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        raise ValueError(f"{self.name} on OpenSpiel's boards plays from positions (act_positions)")
+
+    def act_positions(self, positions: StatePositions, rng: np.random.Generator) -> np.ndarray:
+        boards = self.builtin.positions(positions.n)
+        for k, state in enumerate(positions.states):
+            for move in state.history():
+                boards.play([move], [k])
+        return self.player.act(boards.flat_obs(), rng)
+

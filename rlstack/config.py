@@ -269,10 +269,10 @@ class SelfPlayConfig:
     (UCT with random rollouts), the reference opponent of OpenSpiel's own AlphaZero results."""
     reference: str = "auto"
     """The evaluation's reference opponent (beside the random player; `train.keep_best` ranks by
-    it): `minimax` (of `minimax_depth`, the built-in games), `mcts` (OpenSpiel's MCTS of
-    `mcts_simulations`, OpenSpiel's games), `perfect` (the game solved: small games such as
-    tic-tac-toe only), `auto` (minimax on the built-in games, mcts on OpenSpiel's, else a second
-    random player)."""
+    it): `minimax` (of `minimax_depth`: the built-in games, and OpenSpiel's with their rules),
+    `mcts` (OpenSpiel's MCTS of `mcts_simulations`, OpenSpiel's games), `perfect` (the game solved:
+    small games such as tic-tac-toe only), `auto` (minimax where it plays, else mcts on OpenSpiel's
+    games, else a second random player)."""
     elo_snapshots: int = 3
     """Latest exported versions in the Elo table (with random, minimax and the current agent)."""
     elo_games: int = 20

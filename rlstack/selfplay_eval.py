@@ -44,6 +44,8 @@ from rlstack.envs.selfplay import (
     RandomPlayer,
     SelfPlayVectorEnv,
     load_player,
+    make_player,
+    minimax_plays,
     moves,
 )
 from rlstack.fsutil import atomic_write_text
@@ -403,29 +405,22 @@ def _flip(result: MatchResult) -> MatchResult:
 
 
 def reference_opponent(spec: Game, config: Config) -> Player:
-    """`selfplay.reference`: minimax of `selfplay.minimax_depth` (the built-in games), OpenSpiel's
-    MCTS of `selfplay.mcts_simulations` (OpenSpiel's games), the game solved (`perfect`); `auto`
-    picks minimax or MCTS as the game allows, else a second uniform random player (`uniform`)."""
-    seed, kind = config.seed + 30_000, config.selfplay.reference
-    openspiel = getattr(spec, "openspiel", None) is not None
+    """`selfplay.reference`: minimax of `selfplay.minimax_depth` (the built-in games, and OpenSpiel's
+    with their rules), OpenSpiel's MCTS of `selfplay.mcts_simulations` (OpenSpiel's games), the game
+    solved (`perfect`); `auto` picks minimax or MCTS as the game allows, else a second uniform
+    random player (`uniform`). The players are `envs.selfplay.make_player`'s."""
+    kind = config.selfplay.reference
     if kind == "auto":
-        kind = "minimax" if isinstance(spec, GameSpec) else "mcts" if openspiel else "uniform"
-    if kind == "perfect" and isinstance(spec, GameSpec):
-        return Minimax(spec, spec.n_cells, seed=seed)
-    if kind == "perfect":
-        from rlstack.envs.state_games import PerfectPlayer
-
-        return PerfectPlayer(spec, seed=seed)
-    if kind == "minimax" and isinstance(spec, GameSpec):
-        return Minimax(spec, config.selfplay.minimax_depth, seed=seed)
-    if kind == "mcts" and openspiel:
-        from rlstack.envs.state_games import MCTSPlayer
-
-        return MCTSPlayer(spec, config.selfplay.mcts_simulations, seed=seed)
+        kind = ("minimax" if minimax_plays(spec) else "mcts" if getattr(spec, "openspiel", None) is not None
+                else "uniform")
     if kind == "uniform":
         return RandomPlayer(spec, name="uniform")
-    raise ConfigError(f"selfplay.reference: {kind} does not play {spec.name} (minimax: the built-in games; "
-                      "mcts: OpenSpiel's; perfect: any small game)")
+    name = {"minimax": f"minimax:{config.selfplay.minimax_depth}",
+            "mcts": f"mcts:{config.selfplay.mcts_simulations}"}.get(kind, kind)
+    try:
+        return make_player(spec, name, seed=config.seed + 30_000)
+    except ValueError as err:
+        raise ConfigError(f"selfplay.reference: {kind} does not play {spec.name}: {err}") from None
 
 
 def attach_selfplay(config: Config, envs: Any, out_dir: Path, policy_dir: Path, log: RunLogger,

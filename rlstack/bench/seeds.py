@@ -68,9 +68,8 @@ def tictactoe_match(run_dir: str | Path, opponent: str, games: int = 100, game: 
     OpenSpiel's): a `MatchResult`, seats alternating."""
     import numpy as np
 
-    from rlstack.envs.games import GameSpec, game_spec
+    from rlstack.envs.games import game_spec
     from rlstack.envs.selfplay import load_player, make_player
-    from rlstack.envs.state_games import PerfectPlayer
     from rlstack.search import SearchPlayer
     from rlstack.selfplay_eval import play_match
 
@@ -78,10 +77,7 @@ def tictactoe_match(run_dir: str | Path, opponent: str, games: int = 100, game: 
     agent = load_player(run_dir, spec, sample=False)  # the exported graph, argmax moves
     if search:
         agent = SearchPlayer(agent.acting, spec, search)
-    if opponent == "perfect" and not isinstance(spec, GameSpec):
-        other = PerfectPlayer(spec, seed=123)
-    else:
-        other = make_player(spec, opponent, seed=123)
+    other = make_player(spec, opponent, seed=123)
     return play_match(spec, agent, other, games, np.random.default_rng(7))
 
 

@@ -52,46 +52,17 @@ def train(config: str, out: Path, seed: int | None, overrides: list[str]) -> dic
     return result
 
 
-BUILTIN_RULES = {"openspiel:tic_tac_toe": "tictactoe", "openspiel:connect_four": "connect4"}
-"""OpenSpiel's games whose moves and rules are a built-in game's (tests/envs/test_state_games.py):
-the project's minimax plays them too (`OnBuiltinBoards`)."""
-
-
-class OnBuiltinBoards:
-    """A built-in game's player (minimax) on an OpenSpiel game with the same rules: each position
-    is rebuilt on the built-in boards from the OpenSpiel state's move history."""
-
-    def __init__(self, player: Any, builtin: Any):
-        self.player, self.builtin, self.name = player, builtin, player.name
-
-    def act(self, obs: Any, rng: Any) -> Any:
-        raise ValueError(f"{self.name} on OpenSpiel's boards plays from positions (act_positions)")
-
-    def act_positions(self, positions: Any, rng: Any) -> Any:
-        boards = self.builtin.positions(positions.n)
-        for k, state in enumerate(positions.states):
-            for move in state.history():
-                boards.play([move], [k])
-        return self.player.act(boards.flat_obs(), rng)
-
-
 def opponents(spec: Any, depths: list[int], mcts: list[int]) -> dict[str, Any]:
-    """Random, and the game's reference opponents: minimax of each depth (built-in games, and
-    OpenSpiel's with the same rules) and OpenSpiel's MCTS of each simulation count (OpenSpiel's
-    games)."""
-    from rlstack.envs.games import GameSpec, game_spec
-    from rlstack.envs.minimax import Minimax
-    from rlstack.envs.selfplay import RandomPlayer
-    from rlstack.envs.state_games import MCTSPlayer
+    """Random, and the game's reference opponents (`envs.selfplay.make_player`): minimax of each
+    depth (the built-in games, and OpenSpiel's with their rules) and OpenSpiel's MCTS of each
+    simulation count (OpenSpiel's games)."""
+    from rlstack.envs.selfplay import make_player, minimax_plays
 
-    players: dict[str, Any] = {"random": RandomPlayer(spec)}
-    if isinstance(spec, GameSpec):
-        players.update({f"minimax_d{d}": Minimax(spec, d, seed=54321) for d in depths})
-    elif spec.name in BUILTIN_RULES:
-        builtin = game_spec(BUILTIN_RULES[spec.name])
-        players.update({f"minimax_d{d}": OnBuiltinBoards(Minimax(builtin, d, seed=54321), builtin) for d in depths})
+    players: dict[str, Any] = {"random": make_player(spec, "random")}
+    if minimax_plays(spec):
+        players.update({f"minimax_d{d}": make_player(spec, f"minimax:{d}", seed=54321) for d in depths})
     if getattr(spec, "openspiel", None) is not None:
-        players.update({f"mcts{n}": MCTSPlayer(spec, n, seed=54321) for n in mcts})
+        players.update({f"mcts{n}": make_player(spec, f"mcts:{n}", seed=54321) for n in mcts})
     return players
 
 

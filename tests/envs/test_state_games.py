@@ -9,11 +9,13 @@ import pickle
 import numpy as np
 import pytest
 
+from rlstack.config import load_config
 from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, IllegalMoveError, game_spec
-from rlstack.envs.selfplay import RandomPlayer, SelfPlayVectorEnv
-from rlstack.envs.state_games import GameError, MCTSPlayer, PerfectPlayer, StateGame
+from rlstack.envs.minimax import Minimax
+from rlstack.envs.selfplay import RandomPlayer, SelfPlayVectorEnv, make_player
+from rlstack.envs.state_games import GameError, MCTSPlayer, OnBuiltinBoards, PerfectPlayer, StateGame
 from rlstack.search import SearchSettings, search
-from rlstack.selfplay_eval import play_match
+from rlstack.selfplay_eval import play_match, reference_opponent
 
 
 class TakeAway:
@@ -210,6 +212,37 @@ def test_the_selfplay_env_plays_an_openspiel_game_against_an_opponent():
     assert finished >= 8
     with pytest.raises(ValueError, match="minimax plays the built-in"):
         SelfPlayVectorEnv(2, game="openspiel:othello", opponent="minimax:2")
+
+
+def test_players_by_name_on_openspiel_games():
+    """`make_player` builds every opponent by name on the games it plays, and names the games it
+    does not: minimax on OpenSpiel's Connect Four plays the built-in minimax's moves."""
+    tictactoe, connect_four, othello = (game_spec(f"openspiel:{name}")
+                                        for name in ("tic_tac_toe", "connect_four", "othello"))
+    assert isinstance(make_player(tictactoe, "perfect", seed=0), PerfectPlayer)
+    mcts = make_player(othello, "mcts:50", seed=0)
+    assert isinstance(mcts, MCTSPlayer) and mcts.name == "mcts50"
+    assert make_player(othello, "mcts").name == "mcts100"
+    minimax = make_player(connect_four, "minimax:3", seed=0)
+    assert isinstance(minimax, OnBuiltinBoards) and minimax.name == Minimax(CONNECT_FOUR, 3).name
+    rng = np.random.default_rng(5)
+    ours, builtin = connect_four.positions(16), CONNECT_FOUR.positions(16)
+    for _ in range(9):  # random openings, then each minimax's move on the same positions
+        live = np.flatnonzero(~ours.over)
+        moves = np.where(ours.legal_mask(live), rng.random((len(live), 7)), -1.0).argmax(1)
+        ours.play(moves, live)
+        builtin.play(moves, live)
+    live = np.flatnonzero(~ours.over)
+    same = Minimax(CONNECT_FOUR, 3, seed=0).act(builtin.take(live).flat_obs(), rng)
+    assert np.array_equal(minimax.act_positions(ours.take(live), rng), same)
+    reference = reference_opponent(connect_four, load_config("alphazero_openspiel_connect4"))
+    assert isinstance(reference, OnBuiltinBoards) and reference.player.depth == 4  # selfplay.reference: auto
+    with pytest.raises(ValueError, match="minimax plays the built-in"):
+        make_player(othello, "minimax:2")
+    with pytest.raises(ValueError, match="OpenSpiel's games"):
+        make_player(CONNECT_FOUR, "mcts:10")
+    with pytest.raises(ValueError, match="expected mcts:N"):
+        make_player(othello, "mcts:many")
 
 
 @pytest.mark.parametrize("name, count", [("tic_tac_toe", 8), ("connect_four", 2), ("othello", 8)])
