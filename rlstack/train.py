@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rlstack.config import DEFAULT_CONFIG, ConfigError, describe, load_config
+from rlstack.config import DEFAULT_CONFIG, ConfigError, load_config
+from rlstack.config_docs import describe
 from rlstack.errors import RlstackError
 
 

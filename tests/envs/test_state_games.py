@@ -13,7 +13,13 @@ from rlstack.config import load_config
 from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, IllegalMoveError, game_spec
 from rlstack.envs.minimax import Minimax
 from rlstack.envs.selfplay import RandomPlayer, SelfPlayVectorEnv, make_player
-from rlstack.envs.state_games import GameError, MCTSPlayer, OnBuiltinBoards, PerfectPlayer, StateGame
+from rlstack.envs.state_games import (
+    GameError,
+    MCTSPlayer,
+    OnBuiltinBoards,
+    PerfectPlayer,
+    StateGame,
+)
 from rlstack.search import SearchSettings, search
 from rlstack.selfplay_eval import play_match, reference_opponent
 

@@ -57,7 +57,7 @@ def test_help_without_mindspore_and_options_in_any_order(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "--help-keys" in proc.stdout and proc.stdout.strip().endswith("mindspore not loaded"), proc.stdout
     # --help-keys too: every algorithm's keys with their docs, the same text as with the algorithm loaded.
-    code = ("import sys; from rlstack.config import describe\n"
+    code = ("import sys; from rlstack.config_docs import describe\n"
             "texts = [describe(a) for a in ('ppo', 'dqn', 'sac')]\n"
             "assert 'mindspore' not in sys.modules, 'mindspore loaded'\n"
             "import rlstack.algorithms.ppo, rlstack.algorithms.dqn, rlstack.algorithms.sac\n"
