@@ -191,8 +191,9 @@ class PoolSettings:
     """Probability that an opponent's move is replaced by a uniformly random legal one, so the
     learner also meets (and learns to punish) positions its own versions avoid."""
     sparring: tuple[str, ...] = ()
-    """Built-in sparring partners besides the versions (`random`, `minimax:D`, `perfect`), as the
-    scripted members of a league; drawn with probability `sparring_prob` per episode."""
+    """Built-in sparring partners besides the versions (`make_player`'s names: `random`,
+    `minimax:D`, `perfect`, `mcts:N`), as the scripted members of a league; drawn with probability
+    `sparring_prob` per episode."""
     sparring_prob: float = 0.0
 
     def __post_init__(self) -> None:

@@ -255,7 +255,8 @@ class SelfPlayConfig:
     opponent_epsilon: float = 0.0
     """Probability that an opponent's move is uniformly random instead (exploration)."""
     sparring: list[str] = field(default_factory=list)
-    """Built-in sparring partners in the pool besides the versions: `random`, `minimax:D`, `perfect`."""
+    """Built-in sparring partners in the pool besides the versions: `random`, `minimax:D`, `perfect`,
+    `mcts:N` (OpenSpiel's games)."""
     sparring_prob: float = 0.0
     """Probability that an episode's opponent is a sparring partner instead of a version."""
     eval_every: int = 0
