@@ -72,7 +72,7 @@ class AlphaZeroConfig(TrainConfig):
     """Train on each sampled position in a random symmetry of the board, its policy target
     moved with it (Connect Four's mirror image, tic-tac-toe's 8 rotations and reflections), as
     AlphaGo Zero did: the rules are symmetric, so every position is worth 2 (8) positions. Games
-    that declare no symmetries (`Game.symmetries()` None, e.g. OpenSpiel's Hex) are trained on as played."""
+    that declare no symmetries (`Game.symmetries()` None, e.g. OpenSpiel's Breakthrough) are trained on as played."""
     weight_decay: float = 0.0
     """L2 regularisation (Adam's weight decay). Off by default: it adds two kernels per
     parameter to the update graph, which crosses the 100-kernel line with a [64, 64] network

@@ -247,11 +247,13 @@ def _check_openspiel(game: Any, name: str) -> None:
                         "two-player, zero-sum, sequential, deterministic perfect-information games")
 
 
-SYMMETRIC = {"tic_tac_toe": {}, "othello": {"extra_moves": 1}, "connect_four": {"columns": True}}
+SYMMETRIC = {"tic_tac_toe": {}, "othello": {"extra_moves": 1}, "connect_four": {"columns": True},
+             "hex": {"half_turn": (0, 2, 1, 3, 4, 5, 7, 6, 8)}}
 """OpenSpiel's games whose observation planes are one value per cell and channel and whose moves are
 cells (a pass after them) or columns: their board symmetries (`grid_symmetries` keywords). Hex's
-planes say which edges a group touches, and Breakthrough's moves are a cell and a direction: no
-cell permutation is a symmetry of those."""
+only one is the half turn; its planes (a cell's state + 4) say which edges a stone's group touches,
+so white's west and east planes (1, 2) swap, and black's south and north (6, 7). Breakthrough's
+moves are a cell and a direction: no cell permutation is a symmetry of those."""
 
 
 def openspiel_game(name: str) -> StateGame:

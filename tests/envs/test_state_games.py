@@ -251,17 +251,19 @@ def test_players_by_name_on_openspiel_games():
         make_player(othello, "mcts:many")
 
 
-@pytest.mark.parametrize("name, count", [("tic_tac_toe", 8), ("connect_four", 2), ("othello", 8)])
-def test_openspiel_board_symmetries_map_positions_to_positions(name, count):
+@pytest.mark.parametrize("name, count, plies", [("tic_tac_toe", 8, 6), ("connect_four", 2, 6), ("othello", 8, 6),
+                                                ("hex(board_size=5)", 2, 14)])
+def test_openspiel_board_symmetries_map_positions_to_positions(name, count, plies):
     """A symmetry of the board applied to a game's moves gives the position its observation
-    permutation gives (over every symmetry that keeps the opening position)."""
+    permutation gives (over every symmetry that keeps the opening position; Hex's half turn after
+    enough moves that groups touch its edges)."""
     game = game_spec(f"openspiel:{name}")
     obs_perm, move_perm = game.symmetries()
     assert len(obs_perm) == count and np.array_equal(obs_perm[0], np.arange(obs_perm.shape[1]))
     rng = np.random.default_rng(3)
     original = game.positions(20)
     history = []
-    for _ in range(6):
+    for _ in range(plies):
         live = np.flatnonzero(~original.over)
         mask = original.legal_mask(live)
         moves = np.full(original.n, -1)
@@ -278,4 +280,4 @@ def test_openspiel_board_symmetries_map_positions_to_positions(name, count):
             live = np.flatnonzero(moves >= 0)
             image.play(inverse[moves[live]], live)
         assert np.array_equal(image.flat_obs(), original.flat_obs()[:, obs_perm[k]]), k
-    assert game_spec("openspiel:hex(board_size=5)").symmetries() is None
+    assert game_spec("openspiel:breakthrough(rows=6,columns=6)").symmetries() is None
