@@ -454,4 +454,3 @@ class OnBuiltinBoards:
             for move in state.history():
                 boards.play([move], [k])
         return self.player.act(boards.flat_obs(), rng)
-
