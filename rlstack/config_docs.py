@@ -18,7 +18,7 @@ SOURCE_ATTR = "__rlstack_source__"
 def help_config(name: str) -> type:
     """The `train` dataclass of algorithm `name`, for help texts: the registered class, or for one
     not imported yet, the class rebuilt from its module's source (only the dataclass definition
-    runs, in this module's namespace), so `--help-keys` does not load MindSpore."""
+    runs, in rlstack.config's namespace), so `--help-keys` does not load MindSpore."""
     entry = registry.registered(name)
     if entry is not None:
         return entry.config_cls
