@@ -357,16 +357,14 @@ _CHOICES = {
 }
 
 
-def _schema(algo: str, for_help: bool = False) -> DictConfig:
-    try:
-        if for_help:  # the key docs' module: --help-keys without MindSpore
-            from rlstack.config_docs import help_config
-
-            train_cls = help_config(algo)
-        else:
+def _schema(algo: str, train_cls: type | None = None) -> DictConfig:
+    """The whole config's schema with algorithm `algo`'s `train` class (or `train_cls`: the key
+    docs' rebuilt class, rlstack/config_docs.py)."""
+    if train_cls is None:
+        try:
             train_cls = registry.get(algo).config_cls
-    except KeyError as err:
-        raise ConfigError(str(err.args[0])) from None
+        except KeyError as err:
+            raise ConfigError(str(err.args[0])) from None
     base = OmegaConf.structured(Config)
     base.train = OmegaConf.structured(train_cls)
     return base
