@@ -297,8 +297,22 @@ class RayActorPool(ChunkSource):
         return messages
 
     def where(self, timeout: float = 120.0) -> list[tuple[str, int]]:
-        """(Ray node id, process id) of every actor (tests, `bench actors`)."""
-        return self.ray.get([a.where.remote() for a in self.actors], timeout=timeout)
+        """(Ray node id, process id) of every actor (tests, `bench actors`); an actor whose process
+        died is asked again once Ray has restarted it (it can die while the run starts)."""
+        ray, deadline = self.ray, time.monotonic() + timeout
+        places = []
+        for actor in self.actors:
+            while True:
+                try:
+                    places.append(tuple(ray.get(actor.where.remote(), timeout=max(1.0, deadline - time.monotonic()))))
+                    break
+                except ray.exceptions.ActorDiedError:  # dead for good: no answer will come
+                    raise
+                except ray.exceptions.RayActorError:  # down while Ray restarts it
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        return places
 
     def close(self) -> None:
         """Stop the actors (a chunk in flight is dropped). Ray itself stays up: it was started for

@@ -218,6 +218,35 @@ def test_an_actor_out_of_restarts_stops_training_with_a_clear_error(cluster, tmp
                 pool.get(timeout=300)
 
 
+def test_where_asks_a_killed_actor_again_once_ray_restarted_it(cluster, tmp_path):
+    """An actor can die while a run starts (the pool asks where its actors are): `where` waits for
+    Ray's restart instead of failing the run, and names the new process."""
+    import gymnasium as gym
+
+    from rlstack.acting import load_policy, weights_of
+    from rlstack.artifact import export_policy
+    from rlstack.collector import ActorSpec, trajectory_specs
+    from rlstack.network import NetSpec, Network
+    from rlstack.serving.ray_actors import RayActorPool
+
+    env = gym.make("CartPole-v1")
+    net = Network(env.observation_space, env.action_space, NetSpec())
+    bootstrap = export_policy(net, tmp_path / "bootstrap", algorithm="ppo", obs_space=env.observation_space,
+                              action_space=env.action_space, device="cpu", fusion=False, config_hash="t")
+    layout = load_policy(bootstrap).layout
+    spec = ActorSpec(env_id="CartPole-v1", n_envs=1, steps=4, policy_dir=str(tmp_path / "absent"),
+                     bootstrap=str(bootstrap))
+    with RayActorPool(spec, 1, layout, trajectory_specs(4, 1, (4,), (), "int32", False), address=cluster.address,
+                      max_restarts=1) as pool:
+        pool.publish(weights_of(net, layout), 0)
+        pool.start()
+        pool.get(timeout=300)
+        (node, before), = pool.placement
+        os.kill(before, signal.SIGKILL)
+        (node_after, after), = pool.where(timeout=300)
+        assert after != before and node_after == node
+
+
 def test_strict_parity_run_with_ray_actors(cluster, tmp_path):
     """A whole `parity: strict` training run on Ray actors: the export and the learner agree bit for bit."""
     from rlstack.trainer import Trainer
