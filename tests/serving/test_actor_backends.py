@@ -191,36 +191,8 @@ def test_ray_actors_act_bitwise_as_the_strict_learner_and_follow_published_weigh
         assert pool.stats() == {"actors/restarts": 0.0, "actors/failed_calls": 0.0}
 
 
-def test_an_actor_out_of_restarts_stops_training_with_a_clear_error(cluster, tmp_path):
-    import gymnasium as gym
-
-    from rlstack.acting import load_policy, weights_of
-    from rlstack.artifact import export_policy
-    from rlstack.collector import ActorError, ActorSpec, trajectory_specs
-    from rlstack.network import NetSpec, Network
-    from rlstack.serving.ray_actors import RayActorPool
-
-    env = gym.make("CartPole-v1")
-    net = Network(env.observation_space, env.action_space, NetSpec())
-    bootstrap = export_policy(net, tmp_path / "bootstrap", algorithm="ppo", obs_space=env.observation_space,
-                              action_space=env.action_space, device="cpu", fusion=False, config_hash="t")
-    layout = load_policy(bootstrap).layout
-    spec = ActorSpec(env_id="CartPole-v1", n_envs=1, steps=4, policy_dir=str(tmp_path / "absent"),
-                     bootstrap=str(bootstrap))
-    with RayActorPool(spec, 1, layout, trajectory_specs(4, 1, (4,), (), "int32", False), address=cluster.address,
-                      max_restarts=0) as pool:
-        pool.publish(weights_of(net, layout), 0)
-        pool.start()
-        pool.get(timeout=300)
-        os.kill(pool.placement[0][1], signal.SIGKILL)
-        with pytest.raises(ActorError, match=r"actor 0 is dead and Ray will not restart it \(ray.max_restarts=0"):
-            for _ in range(100):
-                pool.get(timeout=300)
-
-
-def test_where_asks_a_killed_actor_again_once_ray_restarted_it(cluster, tmp_path):
-    """An actor can die while a run starts (the pool asks where its actors are): `where` waits for
-    Ray's restart instead of failing the run, and names the new process."""
+def _started_cartpole_pool(cluster, tmp_path, max_restarts: int):
+    """A pool of one Ray actor collecting CartPole, started, that has sent its first chunk."""
     import gymnasium as gym
 
     from rlstack.acting import load_policy, weights_of
@@ -236,11 +208,32 @@ def test_where_asks_a_killed_actor_again_once_ray_restarted_it(cluster, tmp_path
     layout = load_policy(bootstrap).layout
     spec = ActorSpec(env_id="CartPole-v1", n_envs=1, steps=4, policy_dir=str(tmp_path / "absent"),
                      bootstrap=str(bootstrap))
-    with RayActorPool(spec, 1, layout, trajectory_specs(4, 1, (4,), (), "int32", False), address=cluster.address,
-                      max_restarts=1) as pool:
+    pool = RayActorPool(spec, 1, layout, trajectory_specs(4, 1, (4,), (), "int32", False), address=cluster.address,
+                        max_restarts=max_restarts)
+    try:
         pool.publish(weights_of(net, layout), 0)
         pool.start()
         pool.get(timeout=300)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def test_an_actor_out_of_restarts_stops_training_with_a_clear_error(cluster, tmp_path):
+    from rlstack.collector import ActorError
+
+    with _started_cartpole_pool(cluster, tmp_path, max_restarts=0) as pool:
+        os.kill(pool.placement[0][1], signal.SIGKILL)
+        with pytest.raises(ActorError, match=r"actor 0 is dead and Ray will not restart it \(ray.max_restarts=0"):
+            for _ in range(100):
+                pool.get(timeout=300)
+
+
+def test_where_asks_a_killed_actor_again_once_ray_restarted_it(cluster, tmp_path):
+    """An actor can die while a run starts (the pool asks where its actors are): `where` waits for
+    Ray's restart instead of failing the run, and names the new process."""
+    with _started_cartpole_pool(cluster, tmp_path, max_restarts=1) as pool:
         (node, before), = pool.placement
         os.kill(before, signal.SIGKILL)
         (node_after, after), = pool.where(timeout=300)
