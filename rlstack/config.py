@@ -13,7 +13,7 @@ import difflib
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -357,14 +357,13 @@ _CHOICES = {
 }
 
 
-def _schema(algo: str, train_cls: type | None = None) -> DictConfig:
-    """The whole config's schema with algorithm `algo`'s `train` class (or `train_cls`: the key
-    docs' rebuilt class, rlstack/config_docs.py)."""
-    if train_cls is None:
-        try:
-            train_cls = registry.get(algo).config_cls
-        except KeyError as err:
-            raise ConfigError(str(err.args[0])) from None
+def _schema(algo: str, train_class: Callable[[str], type] | None = None) -> DictConfig:
+    """The whole config's schema with algorithm `algo`'s `train` class: the registered one, or
+    `train_class(algo)`'s (the key docs' rebuilt class, rlstack/config_docs.py)."""
+    try:
+        train_cls = train_class(algo) if train_class is not None else registry.get(algo).config_cls
+    except KeyError as err:
+        raise ConfigError(str(err.args[0])) from None
     base = OmegaConf.structured(Config)
     base.train = OmegaConf.structured(train_cls)
     return base

@@ -50,11 +50,7 @@ def help_config(name: str) -> type:
 
 def describe(algo: str = "ppo") -> str:
     """Every key with its default and docstring, for `--help` (without loading MindSpore)."""
-    try:
-        train_cls = help_config(algo)
-    except KeyError as err:
-        raise config.ConfigError(str(err.args[0])) from None
-    schema = config._schema(algo, train_cls)
+    schema = config._schema(algo, help_config)
     docs = _docs(algo)
     lines = []
     for key in config._valid_keys(schema):
