@@ -201,9 +201,7 @@ def version_files(path: str | Path) -> dict[str, bytes]:
     them with `load_graph`, which verifies the sha256 the manifest records, as for a version read
     from disk."""
     version_dir = resolve_version_dir(path)
-    manifest = read_manifest(version_dir)
-    names = (MANIFEST_FILE, manifest["graph_file"],
-             *(entry["graph_file"] for entry in manifest.get("entry_points", {}).values()))
+    names = (MANIFEST_FILE, *_graph_files(read_manifest(version_dir), version_dir))
     try:
         return {name: (version_dir / name).read_bytes() for name in names}
     except OSError as err:
@@ -211,14 +209,36 @@ def version_files(path: str | Path) -> dict[str, bytes]:
 
 
 def write_version(files: dict[str, bytes], dest: str | Path) -> Path:
-    """Write a version sent as `version_files` to `dest` (a new directory, written atomically)."""
-    allowed = {MANIFEST_FILE, GRAPH_FILE, PRIORS_FILE}
-    if set(files) - allowed or MANIFEST_FILE not in files:
-        raise ArtifactError(f"a policy version is sent as {', '.join(sorted(allowed))}; got {', '.join(sorted(files))}")
+    """Write a version sent as `version_files` to `dest` (a new directory, written atomically):
+    exactly the manifest and the graph files it names."""
+    if MANIFEST_FILE not in files:
+        raise ArtifactError(f"a policy version is sent with its {MANIFEST_FILE}; got {', '.join(sorted(files))}")
+    try:
+        manifest = json.loads(files[MANIFEST_FILE])
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ArtifactError(f"the {MANIFEST_FILE} sent cannot be read: {err}") from None
+    expected = {MANIFEST_FILE, *_graph_files(manifest, f"the {MANIFEST_FILE} sent")}
+    if set(files) != expected:
+        raise ArtifactError(f"a policy version is sent as its manifest and the graphs it names "
+                            f"({', '.join(sorted(expected))}); got {', '.join(sorted(files))}")
     with atomic_directory(dest) as tmp:
         for name, data in files.items():
             (tmp / name).write_bytes(data)
     return Path(dest)
+
+
+def _graph_files(manifest: Any, where: object) -> tuple[str, ...]:
+    """The graph files a manifest names (the acting graph, then each entry point's): plain file
+    names in the version directory."""
+    try:
+        names = (manifest["graph_file"],
+                 *(entry["graph_file"] for entry in manifest.get("entry_points", {}).values()))
+    except (TypeError, KeyError, AttributeError):
+        raise ArtifactError(f"{where}: the manifest names no graph_file for each graph") from None
+    for name in names:
+        if not isinstance(name, str) or Path(name).name != name or name.startswith(".") or name == MANIFEST_FILE:
+            raise ArtifactError(f"{where}: graph file {name!r} is not a file name in the version directory")
+    return names
 
 
 _REQUIRED = ("format_version", "version", "algorithm", "observation_space", "action_space", "noise",

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlstack.envs.games import ENV_IDS, GAMES, Game, GameSpec, Positions, TwoPlayerGame, game_spec
-from rlstack.envs.selfplay import Player, PolicyPlayer, moves
+from rlstack.envs.players import Player, PolicyPlayer, moves
 from rlstack.errors import RlstackError
 
 SYMBOLS = ("X", "O")

@@ -161,7 +161,7 @@ def get(name: str) -> AlgorithmEntry:
     if name not in _ALGORITHMS:
         _load(name)
     if name not in _ALGORITHMS:
-        raise KeyError(f"unknown algorithm '{name}'; registered: {', '.join(sorted(_ALGORITHMS))}")
+        raise KeyError(f"unknown algorithm '{name}'; valid: {', '.join(names())}")
     return _ALGORITHMS[name]
 
 

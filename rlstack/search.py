@@ -49,7 +49,7 @@ def policy_value(acting: Any, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Prior over every move and V(s) of positions `obs` [M, D], from one graph call: the priors
     entry point's M rows (`Acting.priors`), or for a graph exported without it M x n_actions rows
     of the acting graph, each forcing one move."""
-    from rlstack.envs.selfplay import graph_rows  # (the compiled batch sizes the opponents use)
+    from rlstack.envs.players import graph_rows  # (the compiled batch sizes the opponents use)
 
     obs = np.asarray(obs, np.float32)
     m, n = len(obs), int(acting.noise_dim)
@@ -211,7 +211,7 @@ def choose(result: SearchResult, rng: np.random.Generator, sample: np.ndarray | 
 
 
 class SearchPlayer:
-    """A policy graph with search as a player (`rlstack.envs.selfplay.Player`): the most visited
+    """A policy graph with search as a player (`rlstack.envs.players.Player`): the most visited
     move after `simulations` simulations from each position (`act_positions`; `act` rebuilds the
     built-in games' positions from their flat observations)."""
 

@@ -36,18 +36,16 @@ import numpy as np
 from rlstack.config import Config, ConfigError
 from rlstack.envs.games import Boards, Game, GameSpec
 from rlstack.envs.minimax import Minimax, planes_to_bits
-from rlstack.envs.selfplay import (
-    OpponentPool,
+from rlstack.envs.players import (
     Player,
     PolicyPlayer,
-    PoolSettings,
     RandomPlayer,
-    SelfPlayVectorEnv,
     load_player,
     make_player,
     minimax_plays,
     moves,
 )
+from rlstack.envs.selfplay import OpponentPool, PoolSettings, SelfPlayVectorEnv
 from rlstack.fsutil import atomic_write_text
 from rlstack.search import SearchPlayer
 
@@ -408,7 +406,7 @@ def reference_opponent(spec: Game, config: Config) -> Player:
     """`selfplay.reference`: minimax of `selfplay.minimax_depth` (the built-in games, and OpenSpiel's
     with their rules), OpenSpiel's MCTS of `selfplay.mcts_simulations` (OpenSpiel's games), the game
     solved (`perfect`); `auto` picks minimax or MCTS as the game allows, else a second uniform
-    random player (`uniform`). The players are `envs.selfplay.make_player`'s."""
+    random player (`uniform`). The players are `envs.players.make_player`'s."""
     kind = config.selfplay.reference
     if kind == "auto":
         kind = ("minimax" if minimax_plays(spec) else "mcts" if getattr(spec, "openspiel", None) is not None

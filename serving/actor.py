@@ -30,7 +30,8 @@ import numpy as np
 from rlstack.acting import Layout, PolicyWatcher, load_policy
 from rlstack.artifact import ArtifactError
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory
-from rlstack.envs.selfplay import follower_pool, load_player
+from rlstack.envs.players import load_player
+from rlstack.envs.selfplay import follower_pool
 from rlstack.registry import ChunkSource
 from rlstack.serving.shm import SharedArrays, WeightBoard
 

@@ -42,7 +42,8 @@ import numpy as np
 
 from rlstack.acting import FlatWeights
 from rlstack.collector import ActorError, ActorSpec, ArraySpec, Collector, Trajectory, allocate
-from rlstack.envs.selfplay import follower_pool, load_player
+from rlstack.envs.players import load_player
+from rlstack.envs.selfplay import follower_pool
 from rlstack.registry import ChunkSource
 from rlstack.serving import ray_cluster
 from rlstack.serving.actor import actor_spec

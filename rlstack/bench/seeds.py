@@ -69,7 +69,7 @@ def tictactoe_match(run_dir: str | Path, opponent: str, games: int = 100, game: 
     import numpy as np
 
     from rlstack.envs.games import game_spec
-    from rlstack.envs.selfplay import load_player, make_player
+    from rlstack.envs.players import load_player, make_player
     from rlstack.search import SearchPlayer
     from rlstack.selfplay_eval import play_match
 
@@ -85,7 +85,7 @@ def tictactoe_every_line(run_dir: str | Path) -> Any:
     """The exported policy (argmax moves) against every legal reply at every opponent turn, both
     seats (`every_reply_line`): a `MatchResult` of lines; 0 losses means no opponent can beat it."""
     from rlstack.envs.games import TICTACTOE
-    from rlstack.envs.selfplay import load_player
+    from rlstack.envs.players import load_player
     from rlstack.selfplay_eval import every_reply_line
 
     return every_reply_line(TICTACTOE, load_player(run_dir, TICTACTOE, sample=False))

@@ -53,10 +53,10 @@ def train(config: str, out: Path, seed: int | None, overrides: list[str]) -> dic
 
 
 def opponents(spec: Any, depths: list[int], mcts: list[int]) -> dict[str, Any]:
-    """Random, and the game's reference opponents (`envs.selfplay.make_player`): minimax of each
+    """Random, and the game's reference opponents (`envs.players.make_player`): minimax of each
     depth (the built-in games, and OpenSpiel's with their rules) and OpenSpiel's MCTS of each
     simulation count (OpenSpiel's games)."""
-    from rlstack.envs.selfplay import make_player, minimax_plays
+    from rlstack.envs.players import make_player, minimax_plays
 
     players: dict[str, Any] = {"random": make_player(spec, "random")}
     if minimax_plays(spec):
@@ -74,7 +74,7 @@ def evaluate(out: Path, game: str, games: int, depths: list[int], search: int, m
     import numpy as np
 
     from rlstack.envs.games import game_spec
-    from rlstack.envs.selfplay import load_player
+    from rlstack.envs.players import load_player
     from rlstack.search import SearchPlayer
     from rlstack.selfplay_eval import MatchResult, elo_ratings, play_match
 

@@ -10,7 +10,7 @@ from rlstack.bench.seeds import LEARNING_RUNS
 from rlstack.config import ConfigError, load_config
 from rlstack.envs.games import TICTACTOE
 from rlstack.envs.minimax import perfect_player
-from rlstack.envs.selfplay import PolicyPlayer, RandomPlayer
+from rlstack.envs.players import PolicyPlayer, RandomPlayer
 from rlstack.search import SearchPlayer
 from rlstack.selfplay_eval import play_match
 

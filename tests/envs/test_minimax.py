@@ -8,7 +8,7 @@ import pytest
 
 from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, Boards, ConnectFour, TicTacToe, game_spec
 from rlstack.envs.minimax import NO_MOVE, WIN, Minimax, perfect_player, planes_to_bits
-from rlstack.envs.selfplay import RandomPlayer
+from rlstack.envs.players import RandomPlayer
 
 
 def position(game, moves):

@@ -22,13 +22,8 @@ from rlstack.config import load_config
 from rlstack.envs import make_vector_env
 from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, Boards, IllegalMoveError
 from rlstack.envs.minimax import perfect_player
-from rlstack.envs.selfplay import (
-    OpponentPool,
-    PoolSettings,
-    RandomPlayer,
-    SelfPlayVectorEnv,
-    load_player,
-)
+from rlstack.envs.players import RandomPlayer, load_player
+from rlstack.envs.selfplay import OpponentPool, PoolSettings, SelfPlayVectorEnv
 from rlstack.network import NetSpec, Network
 from rlstack.selfplay_eval import MatchResult, elo_ratings, play_match
 

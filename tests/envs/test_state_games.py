@@ -12,7 +12,8 @@ import pytest
 from rlstack.config import load_config
 from rlstack.envs.games import CONNECT_FOUR, TICTACTOE, IllegalMoveError, game_spec
 from rlstack.envs.minimax import Minimax
-from rlstack.envs.selfplay import RandomPlayer, SelfPlayVectorEnv, make_player
+from rlstack.envs.players import RandomPlayer, make_player
+from rlstack.envs.selfplay import SelfPlayVectorEnv
 from rlstack.envs.state_games import (
     GameError,
     MCTSPlayer,

@@ -13,7 +13,7 @@ from mindspore import Tensor
 from rlstack.acting import load_policy
 from rlstack.artifact import export_policy
 from rlstack.envs.games import TICTACTOE, TicTacToe
-from rlstack.envs.selfplay import PolicyPlayer
+from rlstack.envs.players import PolicyPlayer
 from rlstack.network import NetSpec, Network
 from rlstack.play import play_game
 

@@ -122,3 +122,29 @@ def test_a_version_sent_elsewhere_carries_its_priors_graph(tmp_path):
     obs = _positions(CONNECT_FOUR, 4, 2)
     for a, b in zip(landed.priors(obs), load_policy(version).priors(obs), strict=True):
         assert np.array_equal(a, b)
+
+
+def test_a_version_sent_elsewhere_is_exactly_its_manifest_and_the_graphs_it_names(tmp_path):
+    """`write_version` accepts the files its manifest names and nothing else: a file it does not
+    name, a graph it names but that was not sent, or a name reaching outside the version directory
+    is refused before anything is written."""
+    import json
+
+    from rlstack.artifact import GRAPH_FILE, MANIFEST_FILE, version_files, write_version
+
+    _, version = _export(CONNECT_FOUR, tmp_path)
+    files = version_files(version)
+    manifest = json.loads(files[MANIFEST_FILE])
+    outside = {**manifest, "entry_points": {"priors": {**manifest["entry_points"]["priors"], "graph_file": "../x"}}}
+    bad = {
+        "an extra file": {**files, "notes.txt": b"x"},
+        "a missing graph": {k: v for k, v in files.items() if k != PRIORS_FILE},
+        "no manifest": {GRAPH_FILE: files[GRAPH_FILE]},
+        "an unreadable manifest": {**files, MANIFEST_FILE: b"{"},
+        "a name outside": {**files, MANIFEST_FILE: json.dumps(outside).encode()},
+    }
+    for what, sent in bad.items():
+        dest = tmp_path / what.replace(" ", "_")
+        with pytest.raises(ArtifactError):
+            write_version(sent, dest)
+        assert not dest.exists(), what
