@@ -450,7 +450,8 @@ class OnBuiltinBoards:
 
     def act_positions(self, positions: StatePositions, rng: np.random.Generator) -> np.ndarray:
         boards = self.builtin.positions(positions.n)
-        for k, state in enumerate(positions.states):
-            for move in state.history():
-                boards.play([move], [k])
+        histories = [state.history() for state in positions.states]
+        for ply in range(max(map(len, histories), default=0)):  # one batched move per ply
+            games = [k for k, history in enumerate(histories) if len(history) > ply]
+            boards.play([histories[k][ply] for k in games], games)
         return self.player.act(boards.flat_obs(), rng)

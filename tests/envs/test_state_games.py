@@ -234,14 +234,14 @@ def test_players_by_name_on_openspiel_games():
     assert isinstance(minimax, OnBuiltinBoards) and minimax.name == Minimax(CONNECT_FOUR, 3).name
     rng = np.random.default_rng(5)
     ours, builtin = connect_four.positions(16), CONNECT_FOUR.positions(16)
-    for _ in range(9):  # random openings, then each minimax's move on the same positions
-        live = np.flatnonzero(~ours.over)
+    for _ in range(12):  # random openings of different lengths, then each minimax's move on them
+        live = np.flatnonzero(~ours.over & (rng.random(16) < 0.75))
         moves = np.where(ours.legal_mask(live), rng.random((len(live), 7)), -1.0).argmax(1)
         ours.play(moves, live)
         builtin.play(moves, live)
     live = np.flatnonzero(~ours.over)
-    same = Minimax(CONNECT_FOUR, 3, seed=0).act(builtin.take(live).flat_obs(), rng)
-    assert np.array_equal(minimax.act_positions(ours.take(live), rng), same)
+    same = Minimax(CONNECT_FOUR, 3, seed=0).act(builtin.take(live).flat_obs(), np.random.default_rng(1))
+    assert np.array_equal(minimax.act_positions(ours.take(live), np.random.default_rng(1)), same)  # ties: same draws
     reference = reference_opponent(connect_four, load_config("alphazero_openspiel_connect4"))
     assert isinstance(reference, OnBuiltinBoards) and reference.player.depth == 4  # selfplay.reference: auto
     with pytest.raises(ValueError, match="minimax plays the built-in"):
