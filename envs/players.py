@@ -7,7 +7,7 @@ Generator and return actions [n]: `RandomPlayer`, `Minimax` (rlstack/envs/minima
 `MCTSPlayer` and the solver's `PerfectPlayer` (rlstack/envs/state_games.py), and the search
 (`rlstack.search.SearchPlayer`, which moves from positions). The self-play env's opponents
 (rlstack/envs/selfplay.py), the evaluation (rlstack/selfplay_eval.py), `rlstack.play` and the
-benchmarks all build theirs here.
+benchmarks all take theirs from here.
 """
 
 from __future__ import annotations
