@@ -126,7 +126,8 @@ class NetConfig:
     log_std_init: float = 0.0
     """Initial log standard deviation of the Gaussian policy (state-independent, PPO)."""
     ortho_init: bool = True
-    """Orthogonal initialisation (gain sqrt(2) for hidden layers, 0.01 policy, 1 value), as SB3."""
+    """Orthogonal initialisation (gain sqrt(2) for hidden layers, 0.01 policy, 1 value), as SB3;
+    off: PyTorch's default (`nn.Linear`'s and `nn.Conv2d`'s uniform init), as SB3's `ortho_init=False`."""
     encoder: str = "auto"
     """What turns the observation into the heads' input, shared by every head: `mlp` (the flat
     observation), `nature_cnn` (Atari frames), `minatar_cnn` (MinAtar planes), `resnet` (AlphaZero's

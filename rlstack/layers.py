@@ -58,7 +58,10 @@ class BatchInvariantDense(nn.Dense):
 
 def mlp_layers(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str,
                ortho: bool, out_gain: float, batch_invariant: bool = False) -> list[nn.Cell]:
-    """Dense layers with `activation` between them; orthogonal init as in SB3/CleanRL.
+    """Dense layers with `activation` between them; orthogonal init as in SB3/CleanRL, or without
+    `ortho` MindSpore's `nn.Dense` default, which is PyTorch's `nn.Linear` default (weights
+    HeUniform(sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)), biases the same range): what SB3 uses
+    with `ortho_init=False`, as the conv encoders do.
 
     `batch_invariant` builds the `parity: strict` variant (same parameters, same names).
     """
@@ -66,10 +69,11 @@ def mlp_layers(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: s
     layers: list[nn.Cell] = []
     sizes = [in_dim, *hidden]
     for fan_in, fan_out in zip(sizes, sizes[1:], strict=False):
-        init = Orthogonal(gain=math.sqrt(2.0)) if ortho else "normal"
-        layers += [dense(fan_in, fan_out, weight_init=init, bias_init=Zero()), _ACTIVATIONS[activation]()]
-    init = Orthogonal(gain=out_gain) if ortho else "normal"
-    layers.append(dense(sizes[-1], out_dim, weight_init=init, bias_init=Zero()))
+        init = Orthogonal(gain=math.sqrt(2.0)) if ortho else None
+        layers += [dense(fan_in, fan_out, weight_init=init, bias_init=Zero() if ortho else None),
+                   _ACTIVATIONS[activation]()]
+    init = Orthogonal(gain=out_gain) if ortho else None
+    layers.append(dense(sizes[-1], out_dim, weight_init=init, bias_init=Zero() if ortho else None))
     return layers
 
 

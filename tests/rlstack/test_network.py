@@ -126,3 +126,23 @@ def test_act_value_is_min_q_for_twin_critics_unless_switched_off():
     np.testing.assert_array_equal(action2, action)  # same parameters, same actor
     np.testing.assert_array_equal(logp2, logp)
     np.testing.assert_array_equal(zeros, np.zeros(16, np.float32))
+
+
+def test_without_orthogonal_init_the_mlp_starts_as_pytorch_linear():
+    """`net.ortho_init: false` is SB3's `ortho_init=False`: every Dense layer starts as PyTorch's
+    `nn.Linear`, weights and biases uniform in +-1/sqrt(fan_in) (std 1/sqrt(3 fan_in)); with it,
+    orthogonal weights and zero biases."""
+    box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    plain = Network(OBS, box, NetSpec(policy=PolicyKind.GAUSSIAN, hidden=(256, 256), ortho_init=False))
+    dense = {p.name: p.asnumpy() for p in plain.pi.trainable_params() if p.name.endswith((".weight", ".bias"))}
+    assert len(dense) == 6
+    for name, value in dense.items():
+        fan_in = dense[name.replace(".bias", ".weight")].shape[1]
+        bound = 1.0 / math.sqrt(fan_in)
+        assert np.abs(value).max() <= bound + 1e-7, name
+        if value.size >= 256:  # enough values to see the spread of U(-bound, bound)
+            assert abs(value.std() - bound / math.sqrt(3.0)) < 0.1 * bound, name
+    ortho = Network(OBS, box, NetSpec(policy=PolicyKind.GAUSSIAN, hidden=(256, 256)))
+    w = ortho.pi[0].weight.asnumpy()  # [256, 4]: orthonormal columns, scaled by sqrt(2)
+    np.testing.assert_allclose(w.T @ w, 2.0 * np.eye(4), atol=1e-4)
+    assert not np.any(ortho.pi[0].bias.asnumpy())
