@@ -20,6 +20,7 @@ BENCHMARKS = {
     "conv": "rlstack.bench.conv",
     "mujoco": "rlstack.bench.mujoco",
     "search": "rlstack.bench.search",
+    "update": "rlstack.bench.update",
 }
 
 

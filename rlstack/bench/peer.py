@@ -32,7 +32,7 @@ _STARTING_ENV = dict(os.environ)  # before anything imports MindSpore
 CONFIGS = {"ppo": "ppo_cartpole", "dqn": "dqn_cartpole", "sac": "sac_pendulum", "td3": "td3_pendulum"}
 """`--algos` names -> the shipped config each runs (`--configs` names configs directly)."""
 
-SB3_SCRIPT = r"""
+SB3_BUILD = r"""
 import json, sys, time
 import gymnasium as gym
 import numpy as np
@@ -93,6 +93,10 @@ if spec["action_noise"] is not None:  # TD3's exploration noise on the scaled ac
 algo = {"ppo": PPO, "dqn": DQN, "sac": SAC, "td3": TD3}[spec["algo"]]
 model = algo(spec["policy"], env, seed=spec["seed"], device="cpu", verbose=0, policy_kwargs=policy_kwargs,
              tensorboard_log=spec["tensorboard"], **kwargs)
+"""
+"""The SB3 model of `spec` (`sb3_spec`) as `model`, its env as `env`; `t0` when building began."""
+
+SB3_SCRIPT = SB3_BUILD + r"""
 model.learn(total_timesteps=spec["total_steps"])
 seconds = time.perf_counter() - t0
 result = {"seconds": seconds, "steps": int(model.num_timesteps), "torch": torch.__version__,
