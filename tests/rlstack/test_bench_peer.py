@@ -2,10 +2,13 @@
 SB3 runs themselves need the peer's venv: `python -m rlstack.bench peer --python VENV/bin/python`)."""
 
 import ast
+import json
 
 import pytest
 
+from rlstack.bench import update
 from rlstack.bench.peer import SB3_SCRIPT, sb3_spec
+from rlstack.bench.update import SB3_UPDATE
 from rlstack.config import load_config
 
 
@@ -30,8 +33,23 @@ def test_the_peer_gets_the_same_config_steps_and_seed(config, family, policy, en
     assert sb3_spec(cfg)["eval_episodes"] == 0  # no evaluation unless asked
 
 
-def test_the_peer_script_is_valid_python():
+def test_the_peer_scripts_are_valid_python():
     ast.parse(SB3_SCRIPT)
+    ast.parse(SB3_UPDATE)
+
+
+def test_bench_update_times_the_gradient_step_and_refuses_on_policy_configs(capsys):
+    """rlstack's side of `bench update` (SB3's needs the peer's venv): a real SAC step graph on a
+    replay of random transitions, timed per gradient step."""
+    assert update.main(["--configs", "sac_pendulum", "--repeats", "2", "--calls", "2", "--fill", "300",
+                        "net.hidden=[16,16]"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{"):])
+    (row,) = result["rows"]
+    assert row["algo"] == "sac" and row["hidden"] == [16, 16] and "sb3_ms" not in row
+    assert 0 < row["rlstack_ms"]["min"] <= row["rlstack_ms"]["median"] <= row["rlstack_ms"]["max"]
+    with pytest.raises(SystemExit, match="replay buffer, not ppo"):
+        update.main(["--configs", "ppo_cartpole", "--repeats", "1", "--calls", "1", "--fill", "10"])
 
 
 @pytest.mark.parametrize("config", ["sac_pendulum", "td3_pendulum"])
