@@ -104,6 +104,11 @@ class ActorLoss(nn.Cell):
         return (alpha * logp - q).mean(), logp
 
 
+def _only(x):
+    """The one entry of a [1, ...] tensor: [...]."""
+    return x.reshape(x.shape[1:])
+
+
 class SACUpdate(nn.Cell):
     """K complete SAC gradient steps in one graph call.
 
@@ -142,9 +147,11 @@ class SACUpdate(nn.Cell):
         n_steps = obs.shape[0]
         if n_steps == 1:
             # One step (SB3's train_freq 1 / gradient_steps 1): no graph loop, whose iteration and
-            # tensor-indexed slices cost a share of the step (docs/PERFORMANCE.md#sac-update-graph).
-            total = self._step(obs[0], action[0], reward[0], next_obs[0], terminated[0], noise[0],
-                               next_noise[0], polyak[0])
+            # tensor-indexed slices cost a share of the step (docs/PERFORMANCE.md#sac-update-graph);
+            # the minibatch taken by reshapes, not `x[0]` (a slow `StridedSlice` kernel each:
+            # docs/PERFORMANCE.md#slices).
+            total = self._step(_only(obs), _only(action), _only(reward), _only(next_obs), _only(terminated),
+                               _only(noise), _only(next_noise), _only(polyak))
         else:
             total = ops.zeros((6,), ms.float32)
             i = Tensor(0, ms.int32)
