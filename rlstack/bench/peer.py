@@ -188,8 +188,9 @@ def run_rlstack(cfg, out: str) -> dict:
             "time_split_seconds": summary["time_split_seconds"]}
 
 
-def run_sb3(python: str, spec: dict) -> dict:
-    proc = subprocess.run([python, "-c", SB3_SCRIPT, json.dumps(spec)], capture_output=True, text=True,
+def run_sb3(python: str, spec: dict, script: str = SB3_SCRIPT) -> dict:
+    """`script` (training by default) in the peer's interpreter on `spec`: its last line's JSON."""
+    proc = subprocess.run([python, "-c", script, json.dumps(spec)], capture_output=True, text=True,
                           env=peer_env())
     if proc.returncode:
         raise SystemExit(f"Stable-Baselines3 run failed ({python}):\n{proc.stderr[-3000:]}")

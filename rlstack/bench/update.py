@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 # Imported before MindSpore is: the peer's environment as this command started.
-from rlstack.bench.peer import FIXED, SB3_BUILD, peer_env, sb3_spec
+from rlstack.bench.peer import FIXED, SB3_BUILD, run_sb3, sb3_spec
 
 SB3_UPDATE = SB3_BUILD + r"""
 from stable_baselines3.common.logger import configure as configure_logger
@@ -87,14 +86,6 @@ def rlstack_step(cfg, fill: int) -> Callable[[int], float]:
     return timed
 
 
-def run_sb3(python: str, spec: dict) -> dict:
-    proc = subprocess.run([python, "-c", SB3_UPDATE, json.dumps(spec)], capture_output=True, text=True,
-                          env=peer_env())
-    if proc.returncode:
-        raise SystemExit(f"Stable-Baselines3 failed ({python}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _summary(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
             "max": round(max(values), 3)}
@@ -124,7 +115,7 @@ def main(argv: list[str]) -> int:
         for _ in range(args.repeats):
             times["rlstack"].append(timed(args.calls))
             if args.python:
-                result = run_sb3(args.python, spec)
+                result = run_sb3(args.python, spec, SB3_UPDATE)
                 times.setdefault("sb3", []).append(result["ms_per_gradient_step"])
                 torch_info = {"torch": result["torch"], "threads": result["threads"]}
         row = {"config": Path(name).stem, "algo": cfg.algo, "env": cfg.env.id, "batch_size": cfg.train.batch_size,
