@@ -68,12 +68,12 @@ def mlp_layers(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: s
     dense = BatchInvariantDense if batch_invariant else nn.Dense
     layers: list[nn.Cell] = []
     sizes = [in_dim, *hidden]
+    bias = Zero() if ortho else None
     for fan_in, fan_out in zip(sizes, sizes[1:], strict=False):
         init = Orthogonal(gain=math.sqrt(2.0)) if ortho else None
-        layers += [dense(fan_in, fan_out, weight_init=init, bias_init=Zero() if ortho else None),
-                   _ACTIVATIONS[activation]()]
+        layers += [dense(fan_in, fan_out, weight_init=init, bias_init=bias), _ACTIVATIONS[activation]()]
     init = Orthogonal(gain=out_gain) if ortho else None
-    layers.append(dense(sizes[-1], out_dim, weight_init=init, bias_init=Zero() if ortho else None))
+    layers.append(dense(sizes[-1], out_dim, weight_init=init, bias_init=bias))
     return layers
 
 

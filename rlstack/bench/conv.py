@@ -98,7 +98,8 @@ def _ms_per_call(fn: Callable[[], Any], calls: int, warm: bool = True) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def _summary(values: list[float]) -> dict[str, float]:
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of repeated measurements, rounded to 3 decimals."""
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
             "max": round(max(values), 3)}
 
@@ -182,12 +183,12 @@ def networks(args: argparse.Namespace) -> dict[str, Any]:
         entry: dict[str, Any] = {"net": net, "call": call,
                                  "batch": args.train_batch if call == "train" else args.act_batch}
         for form, values in by_form.items():
-            entry[f"{form}_ms"] = _summary(values)
+            entry[f"{form}_ms"] = spread(values)
         if "torch" in by_form:
             entry["speed_vs_torch"] = round(statistics.median(by_form["torch"]) / statistics.median(by_form["rlstack"]),
                                             2)
         rows.append(entry)
-    return {"rows": rows, **torch_info, "load_average": _summary(loads)}
+    return {"rows": rows, **torch_info, "load_average": spread(loads)}
 
 
 def layers(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -233,7 +234,7 @@ def layers(args: argparse.Namespace) -> list[dict[str, Any]]:
                         continue
                     values = [_ms_per_call(lambda c=call, i=inputs: c(*i), calls, warm=r == 0)
                               for r in range(args.repeats)]
-                    row[f"{kind}_ms"] = _summary(values)
+                    row[f"{kind}_ms"] = spread(values)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return rows

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 # Imported before MindSpore is: the peer's environment as this command started.
+from rlstack.bench.conv import spread
 from rlstack.bench.peer import FIXED, SB3_BUILD, run_sb3, sb3_spec
 
 SB3_UPDATE = SB3_BUILD + r"""
@@ -86,11 +86,6 @@ def rlstack_step(cfg, fill: int) -> Callable[[int], float]:
     return timed
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3)}
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstack.bench update", description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="sac_halfcheetah,td3_halfcheetah",
@@ -119,7 +114,7 @@ def main(argv: list[str]) -> int:
                 times.setdefault("sb3", []).append(result["ms_per_gradient_step"])
                 torch_info = {"torch": result["torch"], "threads": result["threads"]}
         row = {"config": Path(name).stem, "algo": cfg.algo, "env": cfg.env.id, "batch_size": cfg.train.batch_size,
-               "hidden": list(cfg.net.hidden), **{f"{side}_ms": _summary(v) for side, v in times.items()},
+               "hidden": list(cfg.net.hidden), **{f"{side}_ms": spread(v) for side, v in times.items()},
                **torch_info}
         line = f"{row['config']}: rlstack {row['rlstack_ms']['median']:.2f} ms a gradient step"
         if "sb3" in times:
