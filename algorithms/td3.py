@@ -117,6 +117,8 @@ class TD3Step(nn.Cell):
     Inputs: one minibatch (obs, action in env units, reward, next_obs, terminated) and standard-normal
     target-smoothing noise [B, d]. Returns [critic_loss, actor_loss, q_mean] (actor_loss 0 without
     `delayed`). Both graphs share the network, the targets, the optimizers and the step counter.
+    The delayed step is one graph over the 100-kernel line: split under it, it measured slower on two
+    threads (docs/PERFORMANCE.md#td3-update-graph).
     """
 
     def __init__(self, network: Network, target: Network, critic_optimizer: nn.Adam, actor_optimizer: nn.Adam,
