@@ -33,7 +33,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from rlstack import registry
 from rlstack.buffers import pack_columns
 from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
-from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
+from rlstack.graphcall import LeanCall, ParameterWrite, host_tensors, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind, QKind, copy_parameters
 from rlstack.optim import clip_by_global_norm
@@ -169,8 +169,7 @@ class DQNStep(nn.Cell):
             packed = pack_columns(b.reward.shape, b.obs, b.next_obs, b.action, b.reward, b.terminated)
             return [(Tensor.from_numpy(minibatch),) for minibatch in packed]
         packed = pack_columns(b.reward.shape, b.action, b.reward, b.terminated)
-        return [(Tensor.from_numpy(minibatch), Tensor.from_numpy(np.ascontiguousarray(obs)),
-                 Tensor.from_numpy(np.ascontiguousarray(next_obs)))
+        return [host_tensors(minibatch, obs, next_obs)
                 for minibatch, obs, next_obs in zip(packed, b.obs, b.next_obs, strict=True)]
 
     def construct(self, batch, obs=None, next_obs=None):

@@ -33,7 +33,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from rlstack import registry
 from rlstack.actor_critic import CriticLoss, TwinCriticAlgorithm
 from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
-from rlstack.graphcall import LeanCall, to_numpy, written_by
+from rlstack.graphcall import LeanCall, host_tensors, to_numpy, written_by
 from rlstack.network import Network, PolicyKind
 from rlstack.registry import Progress
 from rlstack.replay import Replay
@@ -218,10 +218,8 @@ class SAC(TwinCriticAlgorithm):
         noise = rng.standard_normal((2, k, b, d), dtype=np.float32)  # actor noise on obs, next_obs
         polyak = (self._gradient_steps + np.arange(k)) % self.cfg.target_update_interval == 0
         self._gradient_steps += k
-        # from_numpy: the graph reads the arrays in place (`Tensor(array)` copies, ~25 us each)
-        stats = self._update(*(Tensor.from_numpy(np.ascontiguousarray(x)) for x in (
-            batch.obs, batch.action, batch.reward, batch.next_obs, batch.terminated, noise[0], noise[1],
-            polyak.astype(np.float32))))
+        stats = self._update(*host_tensors(batch.obs, batch.action, batch.reward, batch.next_obs, batch.terminated,
+                                           noise[0], noise[1], polyak.astype(np.float32)))
         critic_loss, actor_loss, alpha, alpha_loss, q_mean, logp_mean = (float(x) for x in to_numpy(stats))
         return {"train/critic_loss": critic_loss, "train/actor_loss": actor_loss, "train/alpha": alpha,
                 "train/alpha_loss": alpha_loss, "train/q_mean": q_mean, "train/entropy": -logp_mean,

@@ -38,7 +38,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from rlstack import registry
 from rlstack.actor_critic import CriticLoss, TwinCriticAlgorithm
 from rlstack.config import Config, ConfigError, OffPolicyConfig, mlp_params
-from rlstack.graphcall import LeanCall, to_numpy, written_by
+from rlstack.graphcall import LeanCall, host_tensors, to_numpy, written_by
 from rlstack.network import Network, NoiseKind, PolicyKind
 from rlstack.registry import Progress
 from rlstack.replay import Replay
@@ -204,9 +204,8 @@ class TD3(TwinCriticAlgorithm):
         for i in range(k):
             delayed = self.delayed(self._gradient_steps)
             self._gradient_steps += 1
-            # from_numpy: the graph reads the arrays in place (`Tensor(array)` copies, ~25 us each)
-            stats = self._steps[delayed](*(Tensor.from_numpy(np.ascontiguousarray(x[i])) for x in (
-                batch.obs, batch.action, batch.reward, batch.next_obs, batch.terminated, noise)))
+            stats = self._steps[delayed](*host_tensors(*(x[i] for x in (
+                batch.obs, batch.action, batch.reward, batch.next_obs, batch.terminated, noise))))
             losses = to_numpy(stats)
             critic_loss += float(losses[0]) / k
             q_mean += float(losses[2]) / k

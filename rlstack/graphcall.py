@@ -1,8 +1,8 @@
 """The lean graph call: a compiled graph run with the least per-call work; every exported-graph
 call goes through it (`rlstack.acting.Acting.run`), and the algorithms' update graphs. Also
 `ParameterCopy`, the weight refresh of a graph that follows a live network in the same process,
-`ParameterWrite`, the host's write of scheduled hyperparameters, and `to_numpy`, the read of a
-graph's output."""
+`ParameterWrite`, the host's write of scheduled hyperparameters, `host_tensors`, the host arrays a
+graph reads, and `to_numpy`, the read of a graph's output."""
 
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ SMALL_OUTPUT = 256
 """Elements up to which `to_numpy` reads a graph output through `Tensor.tolist`."""
 
 _NUMPY_TYPES: dict[Any, Any] = {}
+
+
+def host_tensors(*arrays: np.ndarray) -> tuple[Tensor, ...]:
+    """Graph inputs over host arrays without a copy (each made C-contiguous first if it is not):
+    the graph reads them in place, where `Tensor(array)` copies (~25 us each,
+    docs/PERFORMANCE.md#mujoco). The arrays must stay unchanged until the call returns."""
+    return tuple(Tensor.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
 
 def to_numpy(x: Tensor) -> np.ndarray:
