@@ -19,9 +19,10 @@ Differences from SB3:
   actor step and both target updates (two graphs, chosen on the host, no control flow);
 - the noise of the actor and of target smoothing is drawn on the host from the trainer's seeded
   generator;
-- the layers start as every rlstack network's do (`net.ortho_init`: orthogonal, the actor's last
-  layer with gain 0.01), where SB3's TD3 keeps PyTorch's default initialisation (`net.ortho_init:
-  false` starts them so; docs/PERFORMANCE.md#mujoco compares the two on HalfCheetah).
+- by default the layers start as every rlstack network's do (`net.ortho_init`: orthogonal, the
+  actor's last layer with gain 0.01), where SB3's TD3 keeps PyTorch's default initialisation; the
+  MuJoCo configs set `net.ortho_init: false`, which starts them as SB3's (it ended higher on
+  HalfCheetah: docs/PERFORMANCE.md#mujoco).
 The acting graph computes only the actor: the critics are not in it (`act_value: False`).
 """
 

@@ -214,6 +214,7 @@ def test_zoo_hyperparameters_in_the_configs():
         cfg = load_config(f"configs/{name}.yaml")
         t = cfg.train
         assert cfg.env.id.endswith("-v5") and cfg.net.hidden == [400, 300]
+        assert cfg.net.ortho_init is False  # PyTorch's initialisation, as SB3's TD3
         assert (t.lr, t.batch_size, t.learning_starts, t.train_freq, t.gradient_steps, t.noise_std, t.tau) == \
             ("1e-3", 256, 10_000, 1, 1, 0.1, 0.005)
 
