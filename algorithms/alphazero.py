@@ -34,7 +34,7 @@ from rlstack.buffers import pack_columns
 from rlstack.collector import Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig
 from rlstack.envs.games import ENV_IDS, GAME_ENV_ID, env_game, game_spec
-from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
+from rlstack.graphcall import LeanCall, ParameterWrite, host_tensors, to_numpy, written_by
 from rlstack.kernels import column, columns
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.registry import Progress
@@ -251,7 +251,7 @@ class AlphaZero(registry.Algorithm):
         self.replay.add(pack_columns((len(obs),), obs, target, outcome))
         lr = self.lr(progress.remaining)
         self._lr(lr)
-        outputs = [self.update(Tensor.from_numpy(self.replay.sample(self.cfg.batch_size, rng)))
+        outputs = [self.update(*host_tensors(self.replay.sample(self.cfg.batch_size, rng)))
                    for _ in range(self.cfg.gradient_steps)]
         loss, policy_loss, value_loss, entropy = np.mean([to_numpy(out) for out in outputs], 0)
         games = self.games

@@ -167,7 +167,7 @@ class DQNStep(nn.Cell):
         terminated), obs and next_obs."""
         if not self.frames:
             packed = pack_columns(b.reward.shape, b.obs, b.next_obs, b.action, b.reward, b.terminated)
-            return [(Tensor.from_numpy(minibatch),) for minibatch in packed]
+            return [host_tensors(minibatch) for minibatch in packed]
         packed = pack_columns(b.reward.shape, b.action, b.reward, b.terminated)
         return [host_tensors(minibatch, obs, next_obs)
                 for minibatch, obs, next_obs in zip(packed, b.obs, b.next_obs, strict=True)]

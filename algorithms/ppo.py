@@ -32,7 +32,7 @@ from rlstack.buffers import RolloutBatch, pack_columns, rollout_batch
 from rlstack.collector import RewardScaler, Trajectory
 from rlstack.config import Config, ConfigError, TrainConfig, mlp_params
 from rlstack.distributed import GradMean
-from rlstack.graphcall import LeanCall, ParameterWrite, to_numpy, written_by
+from rlstack.graphcall import LeanCall, ParameterWrite, host_tensors, to_numpy, written_by
 from rlstack.kernels import column, columns, rows
 from rlstack.network import NetSpec, Network, PolicyKind
 from rlstack.optim import clip_coef, flatten, unflatten
@@ -361,9 +361,9 @@ class PPOStep(nn.Cell):
         each one's `step` inputs: with one graph (`whole`) the packed columns without obs and the
         obs apart in their own dtype (uint8 frames: no float32 copy on the host), else all packed."""
         if not self.whole:
-            return [(Tensor.from_numpy(minibatch),) for minibatch in Columns.pack(obs, *rest)]
+            return [host_tensors(minibatch) for minibatch in Columns.pack(obs, *rest)]
         packed = Columns.pack(np.zeros((*obs.shape[:2], 0), np.float32), *rest)
-        return [(Tensor.from_numpy(minibatch), Tensor.from_numpy(o)) for minibatch, o in zip(packed, obs, strict=True)]
+        return [host_tensors(minibatch, o) for minibatch, o in zip(packed, obs, strict=True)]
 
     def step(self, batch: Tensor, obs: Tensor | None = None) -> Tensor:
         """A packed minibatch [B, width] (`Columns.pack`) -> its metrics as a Tensor, after the Adam
